@@ -1,0 +1,119 @@
+"""The Python API: load a model once, then generate, stream, chat or read logits.
+
+    import minillm
+    llm = minillm.load()                      # the default model; or load("path/to/hf_dir")
+    print(llm.generate("Once upon a time", max_tokens=32, temperature=0))
+    for piece in llm.stream("Hello", seed=1):
+        print(piece, end="", flush=True)
+    llm.chat([{"role": "user", "content": "Hi!"}])
+
+Calls from several threads are safe: each call has its own KV cache, and the model serialises
+kernel calls behind one lock.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import GenerationError
+from .generate import TextStream, TokenStream
+from .model import Model
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+
+class LLM:
+    def __init__(self, model_dir: str | Path | None = None, ctx: int | None = None, progress: bool = True):
+        if model_dir is None:
+            from .default_model import default_model_dir
+
+            model_dir = default_model_dir(progress=progress)
+        self.model_dir = Path(model_dir)
+        self.model = Model.load(self.model_dir, ctx=ctx)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """Loaded on first use: `logits` on token ids needs no tokenizer files."""
+        return Tokenizer(self.model_dir)
+
+    @cached_property
+    def eos_ids(self) -> tuple[int, ...]:
+        return _eos_ids(self.model_dir, self.model.config.eos_token_id, self.tokenizer)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    # ------------------------------------------------------------------ text in, text out
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        **sampling,
+    ) -> TextStream:
+        """An iterator of text pieces as they are generated; `.finish_reason` once exhausted."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._stream(ids, max_tokens, stop, sampling)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> str:
+        return "".join(self.stream(prompt, max_tokens, stop, **sampling))
+
+    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> TextStream:
+        return self._stream(self.tokenizer.encode_chat(messages), max_tokens, stop, sampling)
+
+    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> str:
+        return "".join(self.chat_stream(messages, max_tokens, stop, **sampling))
+
+    def _stream(self, ids: list[int], max_tokens: int, stop, sampling: dict) -> TextStream:
+        self._check_ids(ids)
+        tokens = TokenStream(self.model, ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
+        return TextStream(tokens, self.tokenizer, stop)
+
+    # ------------------------------------------------------------------ numbers
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """float32 logits (T, V) for every position of `tokens`, from an empty cache."""
+        ids = list(tokens)
+        self._check_ids(ids)
+        if len(ids) > self.model.ctx:
+            raise GenerationError(f"{len(ids)} tokens exceed the context size {self.model.ctx}")
+        return self.model.forward(ids, self.model.new_cache(), all_logits=True)
+
+    def _check_ids(self, ids: list[int]) -> None:
+        V = self.model.config.vocab_size
+        if not ids:
+            raise GenerationError("the prompt is empty")
+        bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < V]
+        if bad:
+            raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {V})")
+
+
+def load(model_dir: str | Path | None = None, ctx: int | None = None, progress: bool = True) -> LLM:
+    """Load an HF checkpoint directory, or the default model when `model_dir` is None."""
+    return LLM(model_dir, ctx=ctx, progress=progress)
+
+
+def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:
+    """End-of-sequence ids: generation_config.json (an int or a list), else config.json, else the tokenizer's."""
+    path = model_dir / "generation_config.json"
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise GenerationError(f"{path}: not valid JSON: {e}") from None
+        ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise GenerationError(f"{path}: field 'eos_token_id' must be an integer or a list of integers")
+        if ids:
+            return tuple(ids)
+    if config_eos:
+        return config_eos
+    eos = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
+    return (eos,) if eos is not None else ()

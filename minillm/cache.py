@@ -1,0 +1,40 @@
+"""The KV cache: preallocated to the context size, written by position, owning its length."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import GenerationError
+
+
+class KVCache:
+    """Keys and values of one sequence, (layers, nkv, ctx, hd) each.
+
+    Laid out so one KV head's keys are contiguous by position: decode attention streams them.
+    `length` is the number of positions already filled; the model advances it after a forward.
+    """
+
+    def __init__(self, cfg: ModelConfig, ctx: int):
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)  # pages are touched only as positions fill
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.ctx = ctx
+        self.length = 0
+
+    def reserve(self, n: int) -> int:
+        """Check that n more positions fit; returns the first of them."""
+        if self.length + n > self.ctx:
+            raise GenerationError(
+                f"context full: {self.length} + {n} tokens exceed the context size {self.ctx}"
+            )
+        return self.length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Forget positions from `length` on (e.g. to reuse a shared prompt prefix)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length

@@ -1,0 +1,106 @@
+"""Sampling: pure functions of (logits, settings, a numpy Generator). Never inside the model.
+
+Order as in transformers and llama.cpp: repetition penalty, temperature, top-k, top-p, min-p.
+Temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GenerationError
+
+# top-p looks at this many best tokens first; only if they hold less than top_p of the mass
+# does it sort the whole vocabulary (exact either way: the kept set is a prefix of the order).
+TOP_P_CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40  # 0: off
+    top_p: float = 0.95  # 1: off
+    min_p: float = 0.05  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
+    seed: int | None = None
+
+    def __post_init__(self):
+        def bad(field, value, rule):
+            raise GenerationError(f"{field} must be {rule}, got {value!r}")
+
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            bad("temperature", t, "a finite number >= 0")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", self.top_k, "an integer >= 0")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            bad("top_p", self.top_p, "in (0, 1]")
+        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
+            bad("min_p", self.min_p, "in [0, 1]")
+        r = self.repetition_penalty
+        if not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+            bad("repetition_penalty", r, "a finite number > 0")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            bad("seed", self.seed, "an integer >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: np.ndarray, history, penalty: float) -> np.ndarray:
+    """CTRL-style penalty on every token seen so far: divide positive logits, multiply negative."""
+    if penalty == 1.0 or len(history) == 0:
+        return logits
+    seen = np.unique(np.asarray(history, dtype=np.int64))
+    values = logits[seen]
+    logits = logits.copy()
+    logits[seen] = np.where(values > 0, values / penalty, values * penalty)
+    return logits
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, history=()) -> int:
+    """The next token id from last-position logits (V,)."""
+    if np.isnan(logits).any():
+        raise GenerationError("the model produced NaN logits; refusing to sample")
+    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    if params.greedy:
+        return int(np.argmax(logits))
+
+    scaled = logits.astype(np.float64) / params.temperature
+    if 0 < params.top_k < len(scaled):
+        candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
+    else:
+        candidates = np.arange(len(scaled))
+    probs = _softmax(scaled[candidates])
+
+    if params.top_p < 1.0:
+        candidates, probs = _top_p(candidates, probs, params.top_p)
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs.max()
+        candidates, probs = candidates[keep], probs[keep]
+
+    cumulative = np.cumsum(probs)
+    i = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(candidates[min(i, len(candidates) - 1)])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _top_p(candidates: np.ndarray, probs: np.ndarray, top_p: float):
+    """Keep the smallest best-first prefix whose mass reaches top_p (always at least one token)."""
+    if len(probs) > TOP_P_CANDIDATES:
+        best = np.argpartition(-probs, TOP_P_CANDIDATES - 1)[:TOP_P_CANDIDATES]
+        if probs[best].sum() >= top_p:
+            candidates, probs = candidates[best], probs[best]
+    order = np.argsort(-probs, kind="stable")
+    candidates, probs = candidates[order], probs[order]
+    cumulative = np.cumsum(probs)
+    n = int(np.searchsorted(cumulative, top_p, side="left")) + 1
+    return candidates[:n], probs[:n]

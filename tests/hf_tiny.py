@@ -1,0 +1,54 @@
+"""Tiny random checkpoints made by transformers, saved as HF directories, with the oracle model."""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 97
+
+
+def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_size=None, seed=0, **overrides):
+    """Save a random tiny model of `arch` to `path`; returns the transformers model in float32,
+    loaded back from the saved files (so f16/bf16 rounding is in both sides)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+    )
+    base.update(overrides)
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[arch]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**base)).eval()
+    with torch.no_grad():  # make norms and biases non-trivial so a skipped one shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                p.copy_(1.0 + 0.5 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+    model = model.to(dtype)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(path, **kwargs)
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return oracle
+
+
+def hf_logits(model, tokens) -> "np.ndarray":
+    with torch.no_grad():
+        return model(torch.tensor([list(tokens)])).logits[0].float().numpy()

@@ -1,0 +1,84 @@
+"""Whole model against transformers on tiny random checkpoints, and cached decode against a full forward."""
+
+import numpy as np
+import pytest
+import torch
+
+from hf_tiny import VOCAB, hf_logits, make_checkpoint
+from minillm.model import Model
+
+TOKENS = np.random.default_rng(1).integers(0, VOCAB, size=40)
+
+CASES = {
+    "llama-gqa-untied": dict(arch="llama", tie_word_embeddings=False),
+    "llama-gqa-tied": dict(arch="llama", tie_word_embeddings=True),
+    "llama-mha": dict(arch="llama", num_key_value_heads=6),
+    "llama-head-dim": dict(arch="llama", head_dim=12),  # 6 heads x 12 != hidden 48
+    "llama-rope-linear": dict(arch="llama", rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}),
+    "llama-rope-llama3": dict(
+        arch="llama",
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "rope_theta": 10000.0,
+        },
+        head_dim=16,
+    ),
+    "llama-biases": dict(arch="llama", attention_bias=True, mlp_bias=True),
+    "llama-f16": dict(arch="llama", dtype=torch.float16),
+    "llama-bf16": dict(arch="llama", dtype=torch.bfloat16),
+    "llama-sharded": dict(arch="llama", max_shard_size="20KB"),
+    "qwen2-biases": dict(arch="qwen2", tie_word_embeddings=False),
+    "mistral": dict(arch="mistral", sliding_window=None, head_dim=8),
+    "mistral-window-ok": dict(arch="mistral", sliding_window=256),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    oracle = make_checkpoint(path, **CASES[request.param])
+    return request.param, path, oracle
+
+
+def test_logits_match_transformers(checkpoint):
+    name, path, oracle = checkpoint
+    ours = Model.load(path)
+    got = ours.forward(TOKENS, ours.new_cache(), all_logits=True)
+    expected = hf_logits(oracle, TOKENS)
+    assert got.shape == expected.shape == (len(TOKENS), VOCAB)
+    assert np.abs(got - expected).max() <= 1e-4, name
+
+
+def test_sharded_checkpoint_really_has_shards(tmp_path):
+    make_checkpoint(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+
+
+@pytest.mark.parametrize("n_prefill", [1, 7, 25])
+def test_prefill_then_decode_equals_full_forward(checkpoint, n_prefill):
+    _, path, _ = checkpoint
+    model = Model.load(path)
+    full = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:n_prefill], cache).copy()]
+    for t in TOKENS[n_prefill:]:
+        steps.append(model.forward([t], cache).copy())
+    assert cache.length == len(TOKENS)
+    assert np.abs(np.stack(steps) - full[n_prefill - 1 :]).max() <= 1e-5
+
+
+def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
+    import minillm.model as M
+
+    make_checkpoint(tmp_path)
+    model = Model.load(tmp_path)
+    whole = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    monkeypatch.setattr(M, "PREFILL_CHUNK", 6)
+    chunked_model = Model.load(tmp_path)
+    chunked = chunked_model.forward(TOKENS, chunked_model.new_cache(), all_logits=True)
+    assert np.abs(whole - chunked).max() <= 1e-5

@@ -1,0 +1,133 @@
+"""Each Numba kernel against a plain NumPy reference, on odd shapes (not multiples of 8 or 16)."""
+
+import numpy as np
+import pytest
+
+import kernels as K
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------- references
+
+
+def ref_rmsnorm(x, w, eps):
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+
+
+def ref_rope(x, cos, sin, positions, hd):
+    T, width = x.shape
+    xh = x.reshape(T, width // hd, hd).astype(np.float64)
+    c = np.concatenate([cos[positions], cos[positions]], -1)[:, None, :]
+    s = np.concatenate([sin[positions], sin[positions]], -1)[:, None, :]
+    rotated = np.concatenate([-xh[..., hd // 2 :], xh[..., : hd // 2]], -1)  # HF rotate_half
+    return (xh * c + rotated * s).reshape(T, width).astype(np.float32)
+
+
+def ref_attention(q, k_cache, v_cache, pos0):
+    T = q.shape[0]
+    nkv, _, hd = k_cache.shape
+    nh = q.shape[1] // hd
+    out = np.zeros_like(q, dtype=np.float64)
+    for h in range(nh):
+        kv = h // (nh // nkv)
+        for t in range(T):
+            n = pos0 + t + 1
+            s = k_cache[kv, :n].astype(np.float64) @ q[t, h * hd : (h + 1) * hd] * hd**-0.5
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[t, h * hd : (h + 1) * hd] = p @ v_cache[kv, :n]
+    return out.astype(np.float32)
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("T,H", [(1, 1), (1, 37), (5, 53), (17, 129)])
+def test_rmsnorm(T, H):
+    x, w = rand(T, H), rand(H)
+    out = np.empty_like(x)
+    K.rmsnorm(out, x, w, 1e-5)
+    np.testing.assert_allclose(out, ref_rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N,Kdim", [(1, 1), (7, 13), (29, 53), (131, 67)])
+def test_matvec(N, Kdim):
+    x, w = rand(Kdim), rand(N, Kdim)
+    out = np.empty(N, np.float32)
+    K.matvec(out, x, w)
+    np.testing.assert_allclose(out, w.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("T,N,Kdim", [(2, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67)])
+def test_matmul(T, N, Kdim):
+    x, w = rand(T, Kdim), rand(N, Kdim)
+    out = np.empty((T, N), np.float32)
+    K.matmul(out, x, w)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_add_bias():
+    out, b = rand(3, 11), rand(11)
+    expected = out + b
+    K.add_bias(out, b)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("T,heads,hd,pos0", [(1, 1, 2, 0), (1, 3, 6, 40), (7, 5, 10, 3), (13, 2, 34, 0)])
+def test_rope(T, heads, hd, pos0):
+    ctx = 64
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    cos, sin = K.rope_tables(inv_freq, ctx)
+    positions = np.arange(pos0, pos0 + T, dtype=np.int64) % ctx
+    x = rand(T, heads * hd)
+    expected = ref_rope(x, cos, sin, positions, hd)
+    K.rope(x, cos, sin, positions, hd)
+    np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_tables_match_angles():
+    inv_freq = np.array([1.0, 0.1, 0.01], np.float32)
+    cos, sin = K.rope_tables(inv_freq, 11)
+    angles = np.arange(11, dtype=np.float32)[:, None] * inv_freq
+    np.testing.assert_allclose(cos, np.cos(angles), atol=1e-6)
+    np.testing.assert_allclose(sin, np.sin(angles), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "T,nh,nkv,hd,pos0",
+    [(1, 1, 1, 2, 0), (1, 9, 3, 14, 21), (5, 6, 2, 10, 0), (7, 5, 5, 6, 9), (11, 4, 1, 18, 3)],
+)
+def test_attention(T, nh, nkv, hd, pos0):
+    ctx = 37
+    k_cache, v_cache = rand(nkv, ctx, hd), rand(nkv, ctx, hd)
+    q = rand(T, nh * hd)
+    out = np.empty_like(q)
+    scores = np.empty((nh, ctx), np.float32)
+    K.attention(out, q, k_cache, v_cache, pos0, scores)
+    np.testing.assert_allclose(out, ref_attention(q, k_cache, v_cache, pos0), rtol=1e-5, atol=1e-5)
+
+
+def test_kv_write():
+    nkv, ctx, hd, T, pos0 = 3, 19, 6, 5, 7
+    k_cache, v_cache = np.zeros((nkv, ctx, hd), np.float32), np.zeros((nkv, ctx, hd), np.float32)
+    k, v = rand(T, nkv * hd), rand(T, nkv * hd)
+    K.kv_write(k_cache, v_cache, k, v, pos0)
+    np.testing.assert_array_equal(k_cache[:, pos0 : pos0 + T], k.reshape(T, nkv, hd).transpose(1, 0, 2))
+    np.testing.assert_array_equal(v_cache[:, pos0 : pos0 + T], v.reshape(T, nkv, hd).transpose(1, 0, 2))
+    assert not k_cache[:, :pos0].any() and not k_cache[:, pos0 + T :].any()
+
+
+@pytest.mark.parametrize("T,I", [(1, 1), (3, 37), (8, 131)])
+def test_swiglu(T, I):
+    gate, up = rand(T, I) * 4, rand(T, I)
+    g64 = gate.astype(np.float64)
+    expected = g64 / (1 + np.exp(-g64)) * up
+    out = np.empty_like(gate)
+    K.swiglu(out, gate, up)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)

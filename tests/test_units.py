@@ -1,0 +1,231 @@
+"""Config, sampling, streaming detokenization, stop strings and chat templates."""
+
+import numpy as np
+import pytest
+
+from minillm.config import ModelConfig
+from minillm.errors import ConfigError, GenerationError, TokenizerError
+from minillm.model import rope_inv_freq
+from minillm.sampling import SamplingParams, apply_repetition_penalty, sample
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def cfg(**changes):
+    raw = dict(BASE)
+    raw.update(changes)
+    return ModelConfig.from_dict(raw)
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_derived_values():
+    c = cfg()
+    assert (c.head_dim, c.n_rep, c.q_dim, c.kv_dim) == (16, 2, 64, 32)
+    assert cfg(head_dim=24).q_dim == 96
+
+
+def test_v4_and_v5_rope_spellings_agree():
+    v4 = cfg(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    v5 = cfg(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192, "rope_theta": 500000.0})
+    assert v4 == v5
+    assert cfg(rope_scaling={"type": "linear", "factor": 2.0}).rope_scaling.rope_type == "linear"
+
+
+def test_rope_inv_freq_matches_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+    hf = LlamaConfig(**{k: v for k, v in BASE.items() if k != "architectures"}, rope_parameters=params)
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    ours = rope_inv_freq(cfg(rope_parameters=params))
+    np.testing.assert_allclose(ours, expected.numpy(), rtol=2e-7)
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
+        ({"architectures": None}, "architectures"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"hidden_size": -64}, "hidden_size"),
+        ({"vocab_size": "100"}, "vocab_size"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps"),
+        ({"head_dim": 15}, "head_dim"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ],
+)
+def test_config_errors_name_the_field(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        cfg(**changes)
+
+
+def test_sliding_window_smaller_than_context_is_an_error():
+    c = cfg(architectures=["MistralForCausalLM"], sliding_window=1024, max_position_embeddings=32768)
+    with pytest.raises(ConfigError, match="sliding_window"):
+        c.context_size()  # default context 4096 > window
+    assert c.context_size(1024) == 1024
+    assert cfg(architectures=["MistralForCausalLM"], sliding_window=None).context_size() == 2048
+
+
+def test_default_context_is_capped():
+    assert cfg(max_position_embeddings=131072).context_size() == 4096
+    assert cfg(max_position_embeddings=512).context_size() == 512
+    assert cfg(max_position_embeddings=131072).context_size(9000) == 9000
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_greedy_is_argmax():
+    logits = np.array([0.1, 3.0, -1.0, 2.9], np.float32)
+    assert sample(logits, SamplingParams(temperature=0), np.random.default_rng(0)) == 1
+
+
+def test_top_k_one_is_greedy():
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        assert sample(logits, SamplingParams(temperature=2.0, top_k=1, min_p=0), rng) == int(logits.argmax())
+
+
+def test_top_p_and_min_p_restrict_support():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
+    rng = np.random.default_rng(0)
+    top_p = {sample(logits, SamplingParams(temperature=1, top_k=0, top_p=0.75, min_p=0), rng) for _ in range(300)}
+    assert top_p == {0, 1}
+    min_p = {sample(logits, SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0.25), rng) for _ in range(300)}
+    assert min_p == {0, 1, 2}
+
+
+def test_sampling_follows_the_distribution():
+    probs = np.array([0.6, 0.3, 0.1])
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0)
+    draws = [sample(np.log(probs).astype(np.float32), params, rng) for _ in range(4000)]
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, probs, atol=0.03)
+
+
+def test_top_p_large_vocabulary_fallback():
+    """Flat logits: the 256-candidate shortcut does not hold top_p of the mass, so the full sort runs."""
+    logits = np.zeros(5000, np.float32)
+    rng = np.random.default_rng(0)
+    draws = {sample(logits, SamplingParams(temperature=1, top_k=0, top_p=0.9, min_p=0), rng) for _ in range(200)}
+    assert max(draws) > 256 or len(draws) > 150
+
+
+def test_repetition_penalty():
+    logits = np.array([2.0, -2.0, 1.0], np.float32)
+    out = apply_repetition_penalty(logits, [0, 1, 1], 2.0)
+    np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
+    assert logits[0] == 2.0  # input untouched
+
+
+def test_nan_logits_raise():
+    with pytest.raises(GenerationError, match="NaN"):
+        sample(np.array([0.0, np.nan], np.float32), SamplingParams(), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_p=0), dict(top_p=1.5),
+               dict(top_k=-1), dict(min_p=2), dict(repetition_penalty=0), dict(seed=-3)]
+)
+def test_bad_sampling_params(kwargs):
+    with pytest.raises(GenerationError):
+        SamplingParams(**kwargs)
+
+
+# ---------------------------------------------------------------- text
+
+
+class FakeTokenizer:
+    """Byte-level: each id is one UTF-8 byte."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_stream_decoder_keeps_multibyte_characters_whole():
+    from minillm.tokenizer import StreamDecoder
+
+    text = "a€b😀c日本"
+    decoder = StreamDecoder(FakeTokenizer())
+    pieces = [decoder.push(b) for b in text.encode("utf-8")] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert "😀" in pieces  # emitted whole, once its four bytes are in
+
+
+def test_text_stream_stop_strings():
+    from minillm.generate import TextStream
+
+    class Tokens:
+        finish_reason = "length"
+
+        def __init__(self, text):
+            self.ids = list(text.encode())
+
+        def __iter__(self):
+            return iter(self.ids)
+
+    def run(text, stop):
+        stream = TextStream(Tokens(text), FakeTokenizer(), stop)
+        return "".join(stream), stream.finish_reason
+
+    assert run("hello world. bye", ["."]) == ("hello world", "stop")
+    assert run("hello world", ["xyz"]) == ("hello world", "length")
+    assert run("abcabd", ["abd"]) == ("abc", "stop")
+    assert run("ending with ab", ["abd"]) == ("ending with ab", "length")
+    assert run("xx<|end|>yy", ["<|end|>", "yy"]) == ("xx", "stop")
+
+
+def test_chat_template_sandbox(tmp_path, default_model_dir):
+    import json
+    import shutil
+
+    from minillm.tokenizer import Tokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TokenizerError, match="sandbox"):
+        Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_chat_template_raise_exception_and_bad_messages(default_model_dir, tmp_path):
+    import json
+    import shutil
+
+    from minillm.tokenizer import Tokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer(tmp_path)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "ok"
+    with pytest.raises(TokenizerError, match="user first"):
+        tok.apply_chat_template([{"role": "system", "content": "x"}])
+    with pytest.raises(TokenizerError, match="role"):
+        tok.apply_chat_template([{"content": "no role"}])
