@@ -15,6 +15,7 @@ import os
 import sys
 
 EXIT_ERROR = 2
+DTYPES = ("float32", "bfloat16", "int8")  # minillm.checkpoint.DTYPES, without importing numba to parse flags
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,6 +35,13 @@ def _build_parser() -> argparse.ArgumentParser:
     def model_flags(p):
         p.add_argument("--model", metavar="DIR", help="HF checkpoint directory (default: the bundled SmolLM2-135M-Instruct)")
         p.add_argument("--ctx", type=int, metavar="N", help="context size (default: min(max positions, 4096))")
+        p.add_argument(
+            "--dtype",
+            choices=DTYPES,
+            default="float32",
+            help="weight precision (default float32: exact, the logits transformers gives; "
+            "bfloat16 halves and int8 quarters the weight bytes read per token)",
+        )
 
     def sampling_flags(p, max_tokens=256):
         p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N")
@@ -61,6 +69,12 @@ def _build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--tokens", required=True, metavar="1,2,3")
     lg.add_argument("--out", required=True, metavar="FILE.npy")
 
+    b = sub.add_parser("bench", help="prefill and decode speed, time to first token, load time, peak RSS")
+    model_flags(b)
+    b.add_argument("--prompt-tokens", type=int, default=128, metavar="P")
+    b.add_argument("--gen-tokens", type=int, default=128, metavar="G")
+    b.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
     im = sub.add_parser("import", help="import a Llama-architecture GGUF file as an HF-format directory")
     im.add_argument("gguf", metavar="FILE.gguf")
     im.add_argument("dest", metavar="DIR")
@@ -81,7 +95,7 @@ def _sampling(args) -> dict:
 def _load(args):
     import minillm
 
-    return minillm.load(args.model, ctx=args.ctx)
+    return minillm.load(args.model, ctx=args.ctx, dtype=args.dtype)
 
 
 def _write(piece: str) -> None:
@@ -157,6 +171,32 @@ def cmd_logits(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import json
+
+    from minillm import UsageError
+    from minillm.bench import run
+
+    if args.prompt_tokens < 1 or args.gen_tokens < 0:
+        raise UsageError("--prompt-tokens must be >= 1 and --gen-tokens >= 0")
+    if args.model is None:
+        from minillm.default_model import default_model_dir
+
+        args.model = str(default_model_dir())
+    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"model        {result['model']} ({args.dtype}, {result['weight_mb']:.0f} MiB of weights)")
+    print(f"prefill      {result['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens)")
+    if args.gen_tokens:
+        print(f"decode       {result['decode_tok_s']:.1f} tok/s ({args.gen_tokens} tokens)")
+    print(f"first token  {result['ttft_s'] * 1000:.1f} ms")
+    print(f"load         {result['load_s']:.2f} s (+ {result['warmup_s']:.2f} s kernel warm-up)")
+    print(f"peak RSS     {result['peak_rss_mb']:.0f} MiB")
+    return 0
+
+
 def cmd_import(args) -> int:
     from minillm.gguf_import import import_gguf
 
@@ -165,7 +205,7 @@ def cmd_import(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "logits": cmd_logits, "import": cmd_import}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "logits": cmd_logits, "bench": cmd_bench, "import": cmd_import}
 
 
 def main(argv=None) -> int:

@@ -1,14 +1,21 @@
 """Numba CPU kernels for a pre-norm Llama forward pass.
 
-Every kernel is a pure function over preallocated float32 arrays, output first, and has a plain
-NumPy reference in tests/test_kernels.py. Shapes: T tokens, H hidden, K/N matmul in/out,
-nh/nkv query/KV heads, hd head dim, ctx cache length.
+Every kernel is a pure function over preallocated arrays, output first, and has a plain NumPy
+reference in tests/test_kernels.py. Shapes: T tokens, H hidden, K/N matmul in/out, nh/nkv
+query/KV heads, hd head dim, ctx cache length. Weight matrices come at any precision of
+`quant` (float32, bfloat16 bits, int8 blocks + scales); activations and sums are float32.
 """
 
-from .attention import attention, kv_write
+from .attention import attend, attention, kv_write
+from .decode import decode_step
 from .matmul import add_bias, matmul, matvec
-from .rmsnorm import rmsnorm
-from .rope import rope, rope_tables
+from .quant import QBLOCK, dequantize, gather_rows, quantize_int8, to_bf16
+from .rmsnorm import rmsnorm, rmsnorm_row
+from .rope import rope, rope_row, rope_tables
 from .swiglu import swiglu
 
-__all__ = ["attention", "kv_write", "add_bias", "matmul", "matvec", "rmsnorm", "rope", "rope_tables", "swiglu"]
+__all__ = [
+    "attend", "attention", "kv_write", "decode_step", "add_bias", "matmul", "matvec",
+    "QBLOCK", "dequantize", "gather_rows", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
+    "rope", "rope_row", "rope_tables", "swiglu",
+]

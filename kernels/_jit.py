@@ -3,7 +3,8 @@
 from numba import njit
 
 # Reductions may be reordered (so LLVM can vectorise float32 sums) and multiply-adds fused;
-# no `nnan`/`ninf`, so NaN and Inf still propagate and can be detected.
+# no `nnan`/`ninf`, so NaN and Inf still propagate. Only for sums whose order cannot change a
+# result (quantization's error search); the model's own sums use lanes.EXACT_MATH.
 REDUCE_MATH = {"reassoc", "contract"}
 
 

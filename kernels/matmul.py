@@ -1,43 +1,89 @@
-"""Linear layers with weights in HF's (out, in) layout: y = x @ W.T, a dot product per output row."""
+"""Linear layers with weights in HF's (out, in) layout: y = x @ W.T, a dot product per output row.
+
+Weights come at any precision of kernels.quant (float32, bfloat16 bits, int8 + scales);
+accumulation is always float32.
+"""
 
 import numpy as np
 from numba import prange
 
-from ._jit import REDUCE_MATH, kernel
+from ._jit import kernel
+from .lanes import EXACT_MATH
+from .quant import row_dot, row_get
+from .simd import LANES, dot_chunks, tile_dot_4x4
 
-ROWS_PER_BLOCK = 16  # weight rows a thread keeps hot in cache while it walks all tokens
-
-
-@kernel(fastmath=REDUCE_MATH)
-def matvec(out, x, w):
-    """One token: W (N, K) @ x (K,) -> out (N,). Parallel over output rows."""
-    N, K = w.shape
-    for n in prange(N):
-        acc = np.float32(0.0)
-        for k in range(K):
-            acc += w[n, k] * x[k]
-        out[n] = acc
+ROWS_PER_TASK = 16  # weight rows one thread widens and keeps hot in cache
 
 
-@kernel(fastmath=REDUCE_MATH)
-def matmul(out, x, w):
+@kernel(fastmath=EXACT_MATH)
+def matvec(out, x, w, s):
+    """One token: W (N, K) @ x (K,) -> out (N,). Parallel over blocks of output rows."""
+    N = w.shape[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            out[n] = row_dot(w, s, n, x)
+
+
+@kernel(fastmath=EXACT_MATH)
+def matmul(out, x, w, s):
     """Many tokens: x (T, K) @ W (N, K).T -> out (T, N).
 
-    Blocks of weight rows are spread over threads; each block is reused for every token while it
-    sits in cache, so the weights are streamed from memory once per call.
+    Each task widens 16 weight rows to a float32 tile (cache-resident), then runs a register tile
+    of 4 tokens x 4 rows over it (kernels.simd.tile_dot_4x4): 16 accumulators share 8 loads, so
+    the loop is bound by FMAs, not loads. Sums follow row_dot's fixed order, so every output equals
+    the decode path's dot product to the last bit.
     """
     T, K = x.shape
     N = w.shape[0]
-    n_blocks = (N + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
-    for b in prange(n_blocks):
-        n0 = b * ROWS_PER_BLOCK
-        n1 = min(N, n0 + ROWS_PER_BLOCK)
-        for t in range(T):
+    RB = ROWS_PER_TASK
+    full = K - K % LANES
+    for task in prange((N + RB - 1) // RB):
+        n0 = task * RB
+        n1 = min(N, n0 + RB)
+        tile = np.empty((RB, K), np.float32)
+        for n in range(n0, n1):
+            row_get(w, s, n, tile[n - n0])
+        t = 0
+        while t + 4 <= T:
+            r = 0
+            while n0 + r + 4 <= n1:
+                d = tile_dot_4x4(tile, r, x, t)  # literal indices: a tuple indexed at run time is slow
+                _store4(out, t, n0 + r, d[0], d[1], d[2], d[3], tile, r, x, full)
+                _store4(out, t + 1, n0 + r, d[4], d[5], d[6], d[7], tile, r, x, full)
+                _store4(out, t + 2, n0 + r, d[8], d[9], d[10], d[11], tile, r, x, full)
+                _store4(out, t + 3, n0 + r, d[12], d[13], d[14], d[15], tile, r, x, full)
+                r += 4
+            for n in range(n0 + r, n1):  # the last rows of a partial block
+                for tt in range(t, t + 4):
+                    out[tt, n] = _tile_dot(tile, n - n0, x, tt)
+            t += 4
+        for tt in range(t, T):  # the last T % 4 tokens
             for n in range(n0, n1):
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += w[n, k] * x[t, k]
-                out[t, n] = acc
+                out[tt, n] = _tile_dot(tile, n - n0, x, tt)
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def _store4(out, t, n, s0, s1, s2, s3, tile, r, x, full):
+    """out[t, n..n+3] = the four sums of token t against tile rows r..r+3, tails added."""
+    out[t, n] = _finish(s0, tile, r, x, t, full)
+    out[t, n + 1] = _finish(s1, tile, r + 1, x, t, full)
+    out[t, n + 2] = _finish(s2, tile, r + 2, x, t, full)
+    out[t, n + 3] = _finish(s3, tile, r + 3, x, t, full)
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def _finish(total, tile, r, x, t, full):
+    """Add the K % LANES tail in sequence, as row_dot does."""
+    for k in range(full, x.shape[1]):
+        total += tile[r, k] * x[t, k]
+    return total
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def _tile_dot(tile, r, x, t):
+    """One widened row against one token, in row_dot's order."""
+    K = x.shape[1]
+    return _finish(dot_chunks(tile, r * K, x, t * K, K), tile, r, x, t, K - K % LANES)
 
 
 @kernel(parallel=False)

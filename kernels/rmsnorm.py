@@ -1,18 +1,21 @@
 import numpy as np
 from numba import prange
 
-from ._jit import REDUCE_MATH, kernel
+from ._jit import kernel
+from .lanes import EXACT_MATH, dot
 
 
-@kernel(fastmath=REDUCE_MATH)
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def rmsnorm_row(out, x, w, eps):
+    """out = x / sqrt(mean(x**2) + eps) * w, in float32.  out, x, w: (H,)."""
+    H = x.shape[0]
+    inv = np.float32(1.0) / np.sqrt(dot(x, x) / np.float32(H) + np.float32(eps))
+    for i in range(H):
+        out[i] = (x[i] * inv) * w[i]
+
+
+@kernel(fastmath=EXACT_MATH)
 def rmsnorm(out, x, w, eps):
-    """out[t] = x[t] / sqrt(mean(x[t]**2) + eps) * w, in float32.  x, out: (T, H); w: (H,)."""
-    T, H = x.shape
-    eps32 = np.float32(eps)
-    for t in prange(T):
-        ss = np.float32(0.0)
-        for i in range(H):
-            ss += x[t, i] * x[t, i]
-        inv = np.float32(1.0) / np.sqrt(ss / np.float32(H) + eps32)
-        for i in range(H):
-            out[t, i] = (x[t, i] * inv) * w[i]
+    """Row-wise RMSNorm.  x, out: (T, H); w: (H,)."""
+    for t in prange(x.shape[0]):
+        rmsnorm_row(out[t], x[t], w, eps)

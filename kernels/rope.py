@@ -13,22 +13,26 @@ def rope_tables(inv_freq: np.ndarray, ctx: int) -> tuple[np.ndarray, np.ndarray]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-@kernel()
-def rope(x, cos, sin, positions, head_dim):
-    """Rotate x (T, n_heads * hd) in place; token t sits at positions[t].
+@kernel(parallel=False)
+def rope_row(x, cos, sin, p, head_dim):
+    """Rotate every head of one token's x (n_heads * hd,) in place for position p.
 
     Split-half: with a = x[:hd/2], b = x[hd/2:], the result is (a*cos - b*sin, b*cos + a*sin),
     which is HF's `x * cos + rotate_half(x) * sin` with cos/sin repeated over both halves.
     """
-    T, width = x.shape
     half = head_dim // 2
-    for t in prange(T):
-        p = positions[t]
-        for base in range(0, width, head_dim):
-            for i in range(half):
-                a = x[t, base + i]
-                b = x[t, base + half + i]
-                c = cos[p, i]
-                s = sin[p, i]
-                x[t, base + i] = a * c - b * s
-                x[t, base + half + i] = b * c + a * s
+    for base in range(0, x.shape[0], head_dim):
+        for i in range(half):
+            a = x[base + i]
+            b = x[base + half + i]
+            c = cos[p, i]
+            s = sin[p, i]
+            x[base + i] = a * c - b * s
+            x[base + half + i] = b * c + a * s
+
+
+@kernel()
+def rope(x, cos, sin, positions, head_dim):
+    """Rotate x (T, n_heads * hd) in place; token t sits at positions[t]."""
+    for t in prange(x.shape[0]):
+        rope_row(x[t], cos, sin, positions[t], head_dim)

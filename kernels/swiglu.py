@@ -4,11 +4,16 @@ from numba import prange
 from ._jit import kernel
 
 
+@kernel(parallel=False)
+def silu_mul(g, u):
+    """silu(g) * u with silu(g) = g * sigmoid(g), in float32."""
+    return g / (np.float32(1.0) + np.exp(-g)) * u
+
+
 @kernel()
 def swiglu(out, gate, up):
-    """out = silu(gate) * up, where silu(g) = g * sigmoid(g).  All (T, I); out may alias gate."""
+    """out = silu(gate) * up.  All (T, I); out may alias gate."""
     T, I = gate.shape
     for t in prange(T):
         for i in range(I):
-            g = gate[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+            out[t, i] = silu_mul(gate[t, i], up[t, i])

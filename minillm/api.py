@@ -28,13 +28,15 @@ from .tokenizer import Tokenizer
 
 
 class LLM:
-    def __init__(self, model_dir: str | Path | None = None, ctx: int | None = None, progress: bool = True):
+    def __init__(
+        self, model_dir: str | Path | None = None, ctx: int | None = None, dtype: str = "float32", progress: bool = True
+    ):
         if model_dir is None:
             from .default_model import default_model_dir
 
             model_dir = default_model_dir(progress=progress)
         self.model_dir = Path(model_dir)
-        self.model = Model.load(self.model_dir, ctx=ctx)
+        self.model = Model.load(self.model_dir, ctx=ctx, dtype=dtype)
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -95,9 +97,14 @@ class LLM:
             raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {V})")
 
 
-def load(model_dir: str | Path | None = None, ctx: int | None = None, progress: bool = True) -> LLM:
-    """Load an HF checkpoint directory, or the default model when `model_dir` is None."""
-    return LLM(model_dir, ctx=ctx, progress=progress)
+def load(
+    model_dir: str | Path | None = None, ctx: int | None = None, dtype: str = "float32", progress: bool = True
+) -> LLM:
+    """Load an HF checkpoint directory, or the default model when `model_dir` is None.
+
+    dtype: "float32" (default; exact), "bfloat16" or "int8" (blocks of 32 with a scale each).
+    """
+    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress)
 
 
 def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:

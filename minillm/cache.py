@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from .config import ModelConfig
@@ -17,8 +19,8 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, ctx: int):
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)  # pages are touched only as positions fill
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = lazy_zeros(shape)
+        self.v = lazy_zeros(shape)
         self.ctx = ctx
         self.length = 0
 
@@ -38,3 +40,17 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose pages are only materialised when first written.
+
+    Not np.zeros: NumPy advises huge pages for large arrays, so the first write at each
+    position of each (layer, head) slab would zero a whole 2 MiB page, hundreds of milliseconds
+    on a fresh cache. An anonymous map touches 4 KiB pages, only for positions in use.
+    """
+    n = 4
+    for d in shape:
+        n *= d
+    buf = mmap.mmap(-1, max(n, 1))
+    return np.frombuffer(buf, dtype=np.float32, count=n // 4).reshape(shape)

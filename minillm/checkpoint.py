@@ -21,32 +21,74 @@ from .safetensors_io import SafetensorsFile
 HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+DTYPES = ("float32", "bfloat16", "int8")
+NO_SCALES = np.zeros((1, 1), np.float32)  # the `s` of a float32 or bfloat16 Linear
+CONVERT_CHUNK = 1 << 22  # elements converted at a time, so conversion needs no full float32 copy
+
+
+@dataclass
+class Linear:
+    """A weight matrix (N, K) at the compute precision, with its int8 scales and optional bias."""
+
+    w: np.ndarray  # float32 | uint16 (bfloat16 bits) | int8
+    s: np.ndarray  # int8: (N, ceil(K / 32)) float32 scales; otherwise NO_SCALES
+    b: np.ndarray | None = None  # (N,) float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.w.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes + (self.s.nbytes if self.w.dtype == np.int8 else 0)
+
+
 @dataclass
 class LayerWeights:
     input_norm: np.ndarray  # (H,)
-    wq: np.ndarray  # (q_dim, H)
-    wk: np.ndarray  # (kv_dim, H)
-    wv: np.ndarray  # (kv_dim, H)
-    wo: np.ndarray  # (H, q_dim)
-    bq: np.ndarray | None
-    bk: np.ndarray | None
-    bv: np.ndarray | None
-    bo: np.ndarray | None
+    q: Linear  # (q_dim, H)
+    k: Linear  # (kv_dim, H)
+    v: Linear  # (kv_dim, H)
+    o: Linear  # (H, q_dim)
     post_norm: np.ndarray  # (H,)
-    w_gate: np.ndarray  # (I, H)
-    w_up: np.ndarray  # (I, H)
-    w_down: np.ndarray  # (H, I)
-    b_gate: np.ndarray | None
-    b_up: np.ndarray | None
-    b_down: np.ndarray | None
+    gate: Linear  # (I, H)
+    up: Linear  # (I, H)
+    down: Linear  # (H, I)
 
 
 @dataclass
 class Weights:
-    embed: np.ndarray  # (V, H)
+    dtype: str
+    embed: Linear  # (V, H)
     layers: list[LayerWeights]
     norm: np.ndarray  # (H,)
-    lm_head: np.ndarray  # (V, H); the embedding itself when tied
+    lm_head: Linear  # (V, H); the embedding itself when tied
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights at the compute precision (tied tensors counted once)."""
+        seen, total = set(), 0
+        for arr in self._arrays():
+            if id(arr) not in seen:
+                seen.add(id(arr))
+                total += arr.nbytes
+        return total
+
+    def _arrays(self):
+        for lin in (self.embed, self.lm_head):
+            yield lin.w
+            if lin.w.dtype == np.int8:
+                yield lin.s
+        yield self.norm
+        for L in self.layers:
+            yield L.input_norm
+            yield L.post_norm
+            for lin in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down):
+                yield lin.w
+                if lin.w.dtype == np.int8:
+                    yield lin.s
+                if lin.b is not None:
+                    yield lin.b
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -122,8 +164,12 @@ def _shard_path(model_dir: Path, index: Path, shard) -> Path:
     return path
 
 
-def load_checkpoint(model_dir: str | Path, check_finite: bool = False) -> tuple[ModelConfig, Weights]:
-    """Config and float32 weights (views of the files where stored as F32), checked against each other."""
+def load_checkpoint(
+    model_dir: str | Path, dtype: str = "float32", check_finite: bool = False
+) -> tuple[ModelConfig, Weights]:
+    """Config and weights at the compute precision `dtype`, checked against each other."""
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a model directory")
@@ -145,38 +191,82 @@ def load_checkpoint(model_dir: str | Path, check_finite: bool = False) -> tuple[
         if name not in shapes and not harmless:
             raise CheckpointError(f"{owner[name].path}: unexpected tensor {name!r} for {cfg.architecture}")
 
-    def get(name: str) -> np.ndarray | None:
+    def vector(name: str) -> np.ndarray | None:
         if name not in shapes:
             return None
-        arr = np.ascontiguousarray(owner[name].float32(name))
+        arr = np.array(owner[name].float32(name), dtype=np.float32)  # small: a private copy
         if check_finite and not np.isfinite(arr).all():
             raise CheckpointError(f"{owner[name].path}: tensor {name!r} contains NaN or Inf")
         return arr
 
+    def linear(prefix: str) -> Linear:
+        name = prefix + ".weight"
+        return Linear(*pack(owner[name], name, dtype, check_finite), b=vector(prefix + ".bias"))
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
         layers.append(
             LayerWeights(
-                input_norm=get(p + "input_layernorm.weight"),
-                wq=get(a + "q_proj.weight"),
-                wk=get(a + "k_proj.weight"),
-                wv=get(a + "v_proj.weight"),
-                wo=get(a + "o_proj.weight"),
-                bq=get(a + "q_proj.bias"),
-                bk=get(a + "k_proj.bias"),
-                bv=get(a + "v_proj.bias"),
-                bo=get(a + "o_proj.bias"),
-                post_norm=get(p + "post_attention_layernorm.weight"),
-                w_gate=get(m + "gate_proj.weight"),
-                w_up=get(m + "up_proj.weight"),
-                w_down=get(m + "down_proj.weight"),
-                b_gate=get(m + "gate_proj.bias"),
-                b_up=get(m + "up_proj.bias"),
-                b_down=get(m + "down_proj.bias"),
+                input_norm=vector(p + "input_layernorm.weight"),
+                q=linear(p + "self_attn.q_proj"),
+                k=linear(p + "self_attn.k_proj"),
+                v=linear(p + "self_attn.v_proj"),
+                o=linear(p + "self_attn.o_proj"),
+                post_norm=vector(p + "post_attention_layernorm.weight"),
+                gate=linear(p + "mlp.gate_proj"),
+                up=linear(p + "mlp.up_proj"),
+                down=linear(p + "mlp.down_proj"),
             )
         )
-    embed = get("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight")
-    return cfg, Weights(embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head)
+    embed = linear("model.embed_tokens")
+    lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
+    return cfg, Weights(dtype, embed, layers, vector("model.norm.weight"), lm_head)
+
+
+def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D tensor at the compute precision: (w, s).
+
+    Where the stored dtype is the compute dtype (F32 -> float32, BF16 -> bfloat16) the result is
+    a view of the memory-mapped file: no copy. Otherwise rows are read and converted in chunks.
+    """
+    import kernels as K
+
+    stored = f.tensors[name].dtype
+    N, Kdim = f.tensors[name].shape
+    if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):
+        w = f.raw(name)
+        if not w.flags.aligned:  # odd data offsets: Numba wants aligned arrays
+            w = w.copy()
+        if check_finite:
+            _check_finite(f, name, w if stored == "F32" else None)
+        return w, NO_SCALES
+    if dtype == "float32":
+        w = np.empty((N, Kdim), np.float32)
+    elif dtype == "bfloat16":
+        w = np.empty((N, Kdim), np.uint16)
+    else:
+        w = np.empty((N, Kdim), np.int8)
+        s = np.empty((N, -(-Kdim // K.QBLOCK)), np.float32)
+    step = max(1, CONVERT_CHUNK // max(Kdim, 1))
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        rows = f.read_rows(name, r0, r1)
+        if check_finite and not np.isfinite(rows).all():
+            raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")
+        if dtype == "float32":
+            w[r0:r1] = rows
+        elif dtype == "bfloat16":
+            K.to_bf16(w[r0:r1], np.ascontiguousarray(rows))
+        else:
+            K.quantize_int8(w[r0:r1], s[r0:r1], np.ascontiguousarray(rows))
+    return w, (s if dtype == "int8" else NO_SCALES)
+
+
+def _check_finite(f: SafetensorsFile, name: str, arr: np.ndarray | None) -> None:
+    step = max(1, CONVERT_CHUNK // max(f.tensors[name].shape[1], 1))
+    N = f.tensors[name].shape[0]
+    for r0 in range(0, N, step):
+        rows = arr[r0 : r0 + step] if arr is not None else f.read_rows(name, r0, min(N, r0 + step))
+        if not np.isfinite(rows).all():
+            raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")

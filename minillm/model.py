@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from numba.typed import List
 
 import kernels as K
 
@@ -61,7 +62,8 @@ class Workspace:
         self.rows = rows
         self.x = np.zeros((rows, H), f)  # residual stream
         self.xn = np.zeros((rows, H), f)  # normalised input of a sub-block
-        self.q = np.zeros((rows, cfg.q_dim), f)
+        self.qkv = np.zeros((rows, cfg.q_dim + 2 * cfg.kv_dim), f)  # decode: q | k | v
+        self.q = np.zeros((rows, cfg.q_dim), f)  # prefill: q, k, v apart (contiguous)
         self.k = np.zeros((rows, cfg.kv_dim), f)
         self.v = np.zeros((rows, cfg.kv_dim), f)
         self.att = np.zeros((rows, cfg.q_dim), f)
@@ -70,11 +72,11 @@ class Workspace:
         self.up = np.zeros((rows, I), f)
         self.scores = np.zeros((cfg.num_attention_heads, ctx), f)
         self.positions = np.zeros(rows, np.int64)
-        self.logits = np.zeros((1, cfg.vocab_size), f)
+        self.logits = np.zeros(cfg.vocab_size, f)
 
 
 class Model:
-    """Weights plus RoPE tables for a context size; run through `forward`.
+    """Weights at one precision plus RoPE tables for a context size; run through `forward`.
 
     One lock serialises every kernel call: Numba's parallel regions must never be entered from
     two Python threads at once (the workqueue threading layer aborts the process).
@@ -83,15 +85,19 @@ class Model:
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
         self.config = cfg
         self.weights = weights
+        self.dtype = weights.dtype
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
         self._lock = threading.Lock()
         self._decode_ws = Workspace(cfg, 1, self.ctx)
         self._prefill_ws: Workspace | None = None
+        self._decode_weights = _decode_weights(cfg, weights)
 
     @classmethod
-    def load(cls, model_dir: str | Path, ctx: int | None = None, check_finite: bool = False) -> "Model":
-        cfg, weights = load_checkpoint(model_dir, check_finite=check_finite)
+    def load(
+        cls, model_dir: str | Path, ctx: int | None = None, dtype: str = "float32", check_finite: bool = False
+    ) -> "Model":
+        cfg, weights = load_checkpoint(model_dir, dtype=dtype, check_finite=check_finite)
         return cls(cfg, weights, ctx)
 
     def new_cache(self) -> KVCache:
@@ -113,14 +119,14 @@ class Model:
             raise GenerationError(f"token id out of range [0, {V})")
         cache.reserve(T)
         with self._lock:
-            if T == 1:
-                return self._run(tokens, cache, self._decode_ws, all_logits)
+            if T == 1 and not all_logits:
+                return self._decode(int(tokens[0]), cache)
             ws = self._prefill_workspace()
             out = np.empty((T, V), np.float32) if all_logits else None
             for start in range(0, T, ws.rows):
                 chunk = tokens[start : start + ws.rows]
                 last = start + ws.rows >= T
-                logits = self._run(chunk, cache, ws, all_logits, want_logits=all_logits or last)
+                logits = self._prefill(chunk, cache, ws, all_logits, want_logits=all_logits or last)
                 if all_logits:
                     out[start : start + len(chunk)] = logits
             return out if all_logits else logits
@@ -130,46 +136,53 @@ class Model:
             self._prefill_ws = Workspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx)
         return self._prefill_ws
 
-    def _run(self, tokens, cache: KVCache, ws: Workspace, all_logits: bool, want_logits: bool = True):
+    def _decode(self, token: int, cache: KVCache) -> np.ndarray:
+        """One token through the whole model in a single Numba call."""
+        ws, cfg = self._decode_ws, self.config
+        pos = cache.length
+        buffers = (ws.x[0], ws.xn[0], ws.qkv[0], ws.att[0], ws.gate[0], ws.scores)
+        K.decode_step(ws.logits, token, pos, buffers, *self._decode_weights, cache.k, cache.v, self.cos, self.sin, cfg.rms_norm_eps)
+        cache.length = pos + 1
+        return ws.logits
+
+    def _prefill(self, tokens, cache: KVCache, ws: Workspace, all_logits: bool, want_logits: bool = True):
+        """Many tokens, one kernel call per operation, on a workspace of `ws.rows` tokens."""
         cfg, w = self.config, self.weights
         T = len(tokens)
         pos0 = cache.length
         eps = cfg.rms_norm_eps
         hd = cfg.head_dim
 
-        def proj(out, inp, weight, bias):
-            if T == 1:
-                K.matvec(out[0], inp[0], weight)
-            else:
-                K.matmul(out, inp, weight)
-            if bias is not None:
-                K.add_bias(out, bias)
+        def linear(out, inp, lin):
+            K.matmul(out, inp, lin.w, lin.s)
+            if lin.b is not None:
+                K.add_bias(out, lin.b)
 
-        x, xn = ws.x[:T], ws.xn[:T]
-        q, k, v, att = ws.q[:T], ws.k[:T], ws.v[:T], ws.att[:T]
+        x, xn, att = ws.x[:T], ws.xn[:T], ws.att[:T]
+        q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]
         o, gate, up = ws.proj[:T], ws.gate[:T], ws.up[:T]
         positions = ws.positions[:T]
         positions[:] = np.arange(pos0, pos0 + T)
-        np.take(w.embed, tokens, axis=0, out=x)
+        K.gather_rows(x, w.embed.w, w.embed.s, tokens)
 
         for i, L in enumerate(w.layers):
             # h = x + attn(rmsnorm(x))
             K.rmsnorm(xn, x, L.input_norm, eps)
-            proj(q, xn, L.wq, L.bq)
-            proj(k, xn, L.wk, L.bk)
-            proj(v, xn, L.wv, L.bv)
+            linear(q, xn, L.q)
+            linear(k, xn, L.k)
+            linear(v, xn, L.v)
             K.rope(q, self.cos, self.sin, positions, hd)
             K.rope(k, self.cos, self.sin, positions, hd)
             K.kv_write(cache.k[i], cache.v[i], k, v, pos0)
             K.attention(att, q, cache.k[i], cache.v[i], pos0, ws.scores)
-            proj(o, att, L.wo, L.bo)
+            linear(o, att, L.o)
             x += o
             # x = h + mlp(rmsnorm(h))
             K.rmsnorm(xn, x, L.post_norm, eps)
-            proj(gate, xn, L.w_gate, L.b_gate)
-            proj(up, xn, L.w_up, L.b_up)
+            linear(gate, xn, L.gate)
+            linear(up, xn, L.up)
             K.swiglu(gate, gate, up)
-            proj(o, gate, L.w_down, L.b_down)
+            linear(o, gate, L.down)
             x += o
         cache.length = pos0 + T
 
@@ -178,8 +191,35 @@ class Model:
         if all_logits:
             K.rmsnorm(xn, x, w.norm, eps)
             logits = np.empty((T, cfg.vocab_size), np.float32)
-            K.matmul(logits, xn, w.lm_head)
+            K.matmul(logits, xn, w.lm_head.w, w.lm_head.s)
             return logits
         K.rmsnorm(xn[T - 1 :], x[T - 1 :], w.norm, eps)
-        K.matvec(ws.logits[0], xn[T - 1], w.lm_head)
-        return ws.logits[0]
+        K.matvec(ws.logits, xn[T - 1], w.lm_head.w, w.lm_head.s)
+        return ws.logits
+
+
+def _decode_weights(cfg: ModelConfig, w: Weights) -> tuple:
+    """The weights in the argument layout of kernels.decode_step (built once at load)."""
+    L = w.layers
+    f = np.float32
+
+    def per_layer(get):
+        lst = List()
+        for layer in L:
+            lst.append(get(layer))
+        return lst
+
+    layers = []
+    for name in ("q", "k", "v", "o", "gate", "up", "down"):
+        layers.append(per_layer(lambda layer: getattr(layer, name).w))
+        layers.append(per_layer(lambda layer: getattr(layer, name).s))
+
+    def stacked_bias(*names):
+        """(L, sum of widths); (L, 0) when these projections have no bias."""
+        if getattr(L[0], names[0]).b is None:
+            return np.zeros((len(L), 0), f)
+        return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in L]).astype(f)
+
+    biases = (stacked_bias("q", "k", "v"), stacked_bias("o"), stacked_bias("gate", "up"), stacked_bias("down"))
+    norms = (np.stack([layer.input_norm for layer in L]), np.stack([layer.post_norm for layer in L]), w.norm)
+    return norms, (w.embed.w, w.embed.s), (w.lm_head.w, w.lm_head.s), tuple(layers), biases

@@ -122,6 +122,7 @@ class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.tensors, self.metadata, data_start = read_header(self.path)
+        self._data_start = data_start
         expected = max((info.end for info in self.tensors.values()), default=0)
         self._data = np.zeros(0, dtype=np.uint8)
         if self.path.stat().st_size > data_start:
@@ -139,14 +140,32 @@ class SafetensorsFile:
         dtype = DTYPES[info.dtype]
         return self._data[info.start : info.end].view(dtype).reshape(info.shape)
 
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a 1-D/2-D tensor as float32, read with pread (not through the map),
+        so converting a large tensor touches no more memory than one chunk."""
+        info = self.tensors[name]
+        dtype = DTYPES[info.dtype]
+        row = dtype.itemsize
+        for d in info.shape[1:]:
+            row *= d
+        offset = self._data_start + info.start + start * row
+        with open(self.path, "rb") as f:
+            buf = os.pread(f.fileno(), (stop - start) * row, offset)
+        if len(buf) != (stop - start) * row:
+            raise CheckpointError(f"{self.path}: short read of tensor {name!r}")
+        arr = np.frombuffer(buf, dtype=dtype).reshape((stop - start, *info.shape[1:]))
+        return _widen(arr, info.dtype, self.path, name)
+
     def float32(self, name: str) -> np.ndarray:
         """The tensor as float32: a view when stored as F32, else widened (a new array)."""
-        info = self.tensors[name]
-        arr = self.raw(name)
-        if info.dtype == "F32":
-            return arr
-        if info.dtype == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
-        if info.dtype in ("F16", "F64"):
-            return arr.astype(np.float32)
-        raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {info.dtype}, not a float type")
+        return _widen(self.raw(name), self.tensors[name].dtype, self.path, name)
+
+
+def _widen(arr: np.ndarray, dtype: str, path: Path, name: str) -> np.ndarray:
+    if dtype == "F32":
+        return arr
+    if dtype == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    if dtype in ("F16", "F64"):
+        return arr.astype(np.float32)
+    raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, not a float type")

@@ -6,6 +6,7 @@ import pytest
 import kernels as K
 
 RNG = np.random.default_rng(0)
+NO_S = np.zeros((1, 1), np.float32)
 
 
 def rand(*shape):
@@ -60,7 +61,7 @@ def test_rmsnorm(T, H):
 def test_matvec(N, Kdim):
     x, w = rand(Kdim), rand(N, Kdim)
     out = np.empty(N, np.float32)
-    K.matvec(out, x, w)
+    K.matvec(out, x, w, NO_S)
     np.testing.assert_allclose(out, w.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
 
 
@@ -68,7 +69,7 @@ def test_matvec(N, Kdim):
 def test_matmul(T, N, Kdim):
     x, w = rand(T, Kdim), rand(N, Kdim)
     out = np.empty((T, N), np.float32)
-    K.matmul(out, x, w)
+    K.matmul(out, x, w, NO_S)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 

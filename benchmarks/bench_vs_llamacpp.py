@@ -1,0 +1,373 @@
+"""minillm against llama.cpp (and transformers once), side by side in one run.
+
+    python benchmarks/bench_vs_llamacpp.py [--rounds 5] [--shapes smollm,1b] [--threads 2]
+
+What it does, all on this machine:
+1. installs llama-cpp-python from PyPI if missing, built from source with -DGGML_NATIVE=ON;
+2. takes `convert_hf_to_gguf.py` from that version's source distribution and converts the same
+   HF weights minillm reads to GGUF F32, BF16 and Q8_0;
+3. measures the machine's read bandwidth (a parallel Numba sum over a 2 GB array);
+4. runs minillm and llama.cpp alternately, each run in a fresh process, `--rounds` times: prefill of
+   128 and 512 tokens, and 128 decode steps after a 128-token prompt, all with 2 threads;
+5. runs transformers once (float32 and bfloat16);
+6. prints medians and minillm/llama.cpp ratios, and writes them to benchmarks/results.json.
+
+Shapes: `smollm` is the default model (SmolLM2-135M-Instruct); `1b` is a random-weight Llama of
+~1.2B parameters (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab 49152),
+compared at bfloat16 and int8 only (its float32 GGUF alone would be 5 GB).
+Benchmarks are not tests: nothing here runs under pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "benchmarks" / ".cache"
+LLAMA_CPP_VERSION = "0.3.36"
+PAIRS = [("float32", "f32"), ("bfloat16", "bf16"), ("int8", "q8_0")]  # minillm dtype, GGUF type
+
+WORKER_LLAMA = r"""
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp as L
+path, P, G, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+t0 = time.perf_counter()
+model = L.llama_load_model_from_file(path.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = 1024; cp.n_batch = 512; cp.n_ubatch = 512
+cp.n_threads = threads; cp.n_threads_batch = threads
+ctx = L.llama_init_from_model(model, cp)
+load_s = time.perf_counter() - t0
+V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+rng = np.random.default_rng(0)
+prompt = rng.integers(0, V, size=P).astype(np.int32)
+mem = L.llama_get_memory(ctx)
+
+def decode(tokens):
+    arr = (L.llama_token * len(tokens))(*[int(t) for t in tokens])
+    if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(tokens))) != 0:
+        raise SystemExit("llama_decode failed")
+    return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(V,))
+
+decode(prompt[:8]); decode(prompt[:1]); L.llama_memory_clear(mem, True)  # warm-up
+t0 = time.perf_counter()
+token = int(np.argmax(decode(prompt)))
+ttft = time.perf_counter() - t0
+t0 = time.perf_counter()
+for _ in range(G):
+    token = int(np.argmax(decode([token])))
+dec = time.perf_counter() - t0
+print(json.dumps({"prefill_tok_s": P / ttft, "decode_tok_s": G / dec if G else None, "ttft_s": ttft, "load_s": load_s}))
+"""
+
+WORKER_HF = r"""
+import json, sys, time
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+path, dtype, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(threads)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+V = model.config.vocab_size
+out = {}
+with torch.inference_mode():
+    for P in (128, 512):
+        prompt = torch.tensor(np.random.default_rng(0).integers(0, V, size=(1, P)))
+        model(prompt[:, :8])
+        t0 = time.perf_counter(); res = model(prompt, use_cache=True); out[f"prefill{P}"] = P / (time.perf_counter() - t0)
+        if P == 128:
+            past, token = res.past_key_values, res.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
+            for _ in range(128):
+                res = model(token, past_key_values=past, use_cache=True)
+                past, token = res.past_key_values, res.logits[:, -1:].argmax(-1)
+            out["decode128"] = 128 / (time.perf_counter() - t0)
+print(json.dumps(out))
+"""
+
+WORKER_BANDWIDTH = r"""
+import json, time
+import numpy as np
+from numba import njit, prange
+@njit(parallel=True, fastmath={"reassoc", "contract"})
+def row_sums(out, a):  # the access pattern of a decode matvec: one row per task, vectorised
+    for r in prange(a.shape[0]):
+        s = np.float32(0.0)
+        for k in range(a.shape[1]):
+            s += a[r, k]
+        out[r] = s
+a = np.ones(2 * 1024**3 // 4, np.float32).reshape(-1, 4096)
+out = np.zeros(a.shape[0], np.float32)
+row_sums(out, a)
+times = []
+for _ in range(7):
+    t0 = time.perf_counter(); row_sums(out, a); times.append(time.perf_counter() - t0)
+print(json.dumps({"bandwidth_gb_s": a.nbytes / sorted(times)[len(times) // 2] / 1e9}))
+"""
+
+
+def sh(cmd, env=None, timeout=None) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if result.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ setup
+
+
+def ensure_llama_cpp() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print(f"building llama-cpp-python {LLAMA_CPP_VERSION} from source with -DGGML_NATIVE=ON (slow) ...", flush=True)
+        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON", CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+        sh([sys.executable, "-m", "pip", "install", "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=env)
+
+
+def converter() -> Path:
+    """convert_hf_to_gguf.py (with its gguf-py and conversion/ folders) from the sdist."""
+    root = CACHE / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
+    if (root / "convert_hf_to_gguf.py").exists():
+        return root
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+    if not sdist.exists():
+        sh([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(CACHE)])
+    prefix = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as tar:
+        members = [
+            m for m in tar.getmembers()
+            if m.name == prefix + "convert_hf_to_gguf.py" or m.name.startswith(prefix + "gguf-py/") or m.name.startswith(prefix + "conversion/")
+        ]
+        tar.extractall(CACHE, members=members, filter="data")
+    return root
+
+
+CONVERT_SHIM = r"""
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+import convert_hf_to_gguf
+from conversion.base import TextModel
+from conversion.llama import LlamaModel
+# minillm writes the byte-level tokenizer as transformers builds it from the GGUF; its hash is not in
+# the converter's table, and the pre-tokenizer does not affect speed. It is a GPT-2-style BPE
+# vocabulary, so go straight there instead of trying sentencepiece first.
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+convert_hf_to_gguf.main()
+"""
+
+
+def to_gguf(model_dir: Path, outtype: str) -> Path:
+    out = CACHE / f"{model_dir.name}-{outtype}.gguf"
+    if not out.exists():
+        print(f"converting {model_dir.name} to GGUF {outtype} ...", flush=True)
+        tmp = out.with_suffix(".tmp")
+        sh([sys.executable, "-c", CONVERT_SHIM, str(converter()), str(model_dir), "--outtype", outtype, "--outfile", str(tmp)])
+        tmp.rename(out)
+    return out
+
+
+def random_1b() -> Path:
+    """A ~1.2B-parameter Llama with random bf16 weights and the default model's tokenizer."""
+    import numpy as np
+
+    path = CACHE / "llama-1b-random"
+    if (path / "config.json").exists():
+        return path
+    from minillm.default_model import default_model_dir
+
+    print("writing a random ~1.2B Llama checkpoint (bf16) ...", flush=True)
+    tmp = CACHE / "llama-1b-random.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    H, I, L, nh, nkv, V = 2048, 8192, 16, 32, 8, 49152
+    hd = H // nh
+    rng = np.random.default_rng(0)
+
+    def bf16(shape, scale=0.02):
+        w = (rng.standard_normal(shape, dtype=np.float32) * scale).view(np.uint32)
+        return ((w + 0x7FFF + ((w >> 16) & 1)) >> 16).astype(np.uint16)
+
+    tensors = {"model.embed_tokens.weight": bf16((V, H)), "model.norm.weight": bf16((H,), 0) + 0x3F80}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": bf16((H,), 0) + 0x3F80,  # 1.0
+            p + "post_attention_layernorm.weight": bf16((H,), 0) + 0x3F80,
+            p + "self_attn.q_proj.weight": bf16((nh * hd, H)),
+            p + "self_attn.k_proj.weight": bf16((nkv * hd, H)),
+            p + "self_attn.v_proj.weight": bf16((nkv * hd, H)),
+            p + "self_attn.o_proj.weight": bf16((H, nh * hd)),
+            p + "mlp.gate_proj.weight": bf16((I, H)),
+            p + "mlp.up_proj.weight": bf16((I, H)),
+            p + "mlp.down_proj.weight": bf16((H, I)),
+        }
+    save_bf16(tensors, tmp / "model.safetensors")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": H,
+        "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": nh, "num_key_value_heads": nkv,
+        "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(default_model_dir() / name, tmp / name)
+    tmp.rename(path)
+    return path
+
+
+def save_bf16(tensors: dict, path: Path) -> None:
+    """Write uint16 bfloat16 bit patterns as a BF16 safetensors file (safetensors.numpy has no bfloat16)."""
+    header, offset = {}, 0
+    for name, arr in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for arr in tensors.values():
+            f.write(arr.tobytes())
+
+
+# ------------------------------------------------------------------ runs
+
+
+def run_minillm(model_dir: Path, dtype: str, P: int, G: int, threads: int) -> dict:
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    cmd = [sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model_dir), "--dtype", dtype,
+           "--prompt-tokens", str(P), "--gen-tokens", str(G), "--ctx", "1024", "--json"]
+    return last_json(sh(cmd, env=env))
+
+
+def run_llama(gguf: Path, P: int, G: int, threads: int) -> dict:
+    return last_json(sh([sys.executable, "-c", WORKER_LLAMA, str(gguf), str(P), str(G), str(threads)]))
+
+
+def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> dict:
+    ggufs = {g: to_gguf(model_dir, g) for _, g in pairs}
+    samples: dict = {}
+
+    def add(key, value):
+        samples.setdefault(key, []).append(value)
+
+    for r in range(rounds):
+        print(f"[{shape}] round {r + 1}/{rounds}", flush=True)
+        for dtype, gtype in pairs:
+            # Alternate which engine goes first, so neither always runs on a cooler machine.
+            order = [("minillm", dtype), ("llama.cpp", gtype)]
+            for engine, kind in order if r % 2 == 0 else order[::-1]:
+                run = (lambda P, G: run_minillm(model_dir, kind, P, G, threads)) if engine == "minillm" else (
+                    lambda P, G: run_llama(ggufs[kind], P, G, threads))
+                a, b = run(128, 128), run(512, 0)
+                add((engine, kind, "prefill128"), a["prefill_tok_s"])
+                add((engine, kind, "decode128"), a["decode_tok_s"])
+                add((engine, kind, "prefill512"), b["prefill_tok_s"])
+                if engine == "minillm":
+                    add((engine, kind, "peak_rss_mb"), a["peak_rss_mb"])
+                    add((engine, kind, "weight_mb"), a["weight_mb"])
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes", default="smollm,1b")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers run")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from minillm.default_model import default_model_dir
+
+    ensure_llama_cpp()
+    bandwidth = last_json(sh([sys.executable, "-c", WORKER_BANDWIDTH], env=dict(os.environ, NUMBA_NUM_THREADS=str(args.threads))))
+    print(f"read bandwidth: {bandwidth['bandwidth_gb_s']:.1f} GB/s", flush=True)
+
+    report = {"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
+              "rounds": args.rounds, "bandwidth_gb_s": bandwidth["bandwidth_gb_s"], "shapes": {}}
+    shapes = args.shapes.split(",")
+    if "smollm" in shapes:
+        d = default_model_dir()
+        med = measure("smollm", d, PAIRS, args.rounds, args.threads)
+        report["shapes"]["smollm"] = table(med, PAIRS, bandwidth["bandwidth_gb_s"])
+        if not args.no_hf:
+            hf = {dt: last_json(sh([sys.executable, "-c", WORKER_HF, str(d), dt, str(args.threads)])) for dt in ("float32", "bfloat16")}
+            report["shapes"]["smollm"]["transformers"] = hf
+    if "1b" in shapes:
+        med = measure("1b", random_1b(), PAIRS[1:], args.rounds, args.threads)
+        report["shapes"]["1b"] = table(med, PAIRS[1:], bandwidth["bandwidth_gb_s"])
+    out = ROOT / "benchmarks" / "results.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report)
+    print(f"\nwrote {out}")
+
+
+def table(med: dict, pairs, bandwidth: float) -> dict:
+    rows = {}
+    for dtype, gtype in pairs:
+        row = {}
+        for metric in ("prefill128", "prefill512", "decode128"):
+            ours, theirs = med[("minillm", dtype, metric)], med[("llama.cpp", gtype, metric)]
+            row[metric] = {"minillm": ours, "llama.cpp": theirs, "ratio": ours / theirs}
+        row["peak_rss_mb"] = med[("minillm", dtype, "peak_rss_mb")]
+        row["weight_mb"] = med[("minillm", dtype, "weight_mb")]
+        # Bytes read per decoded token are (about) the weights; tok/s x bytes = achieved bandwidth.
+        row["decode_bandwidth_share"] = row["decode128"]["minillm"] * row["weight_mb"] * 2**20 / 1e9 / bandwidth
+        rows[f"{dtype} vs {gtype.upper()}"] = row
+    return rows
+
+
+def print_report(report: dict) -> None:
+    print(f"\n{report['date']}, {report['machine']}, {report['threads']} threads, medians of {report['rounds']} alternating runs")
+    print(f"read bandwidth (parallel Numba sum over 2 GB): {report['bandwidth_gb_s']:.1f} GB/s")
+    for shape, rows in report["shapes"].items():
+        print(f"\n{shape}:")
+        print(f"| {'tok/s (minillm / llama.cpp = ratio)':<40} | {'prefill 128':>24} | {'prefill 512':>24} | {'decode 128':>24} |")
+        print("|" + "---|" * 4)
+        for name, row in rows.items():
+            if name == "transformers":
+                continue
+            cells = [f"{row[m]['minillm']:.0f} / {row[m]['llama.cpp']:.0f} = {row[m]['ratio']:.2f}" for m in ("prefill128", "prefill512", "decode128")]
+            print(f"| {name:<40} | {cells[0]:>24} | {cells[1]:>24} | {cells[2]:>24} |")
+        for name, row in rows.items():
+            if name != "transformers":
+                print(f"{name}: weights {row['weight_mb']:.0f} MiB, peak RSS {row['peak_rss_mb']:.0f} MiB, "
+                      f"decode reads {row['decode_bandwidth_share'] * 100:.0f}% of the measured bandwidth")
+        if "transformers" in rows:
+            for dt, r in rows["transformers"].items():
+                print(f"transformers {dt}: prefill128 {r['prefill128']:.0f}, prefill512 {r['prefill512']:.0f}, decode128 {r['decode128']:.1f} tok/s")
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+
+
+if __name__ == "__main__":
+    main()

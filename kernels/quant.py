@@ -1,0 +1,160 @@
+"""Weight precisions: float32, bfloat16 (kept as uint16 bit patterns) and int8 in symmetric blocks
+of 32 along the input dimension with one float32 scale each (like llama.cpp's Q8_0).
+
+`row_dot(w, s, n, x)` is the one dot product every linear kernel uses: weight row n against a
+float32 vector, widened in registers and accumulated in float32, in a fixed summation order. It is
+specialised at compile time on the weight dtype; `s` holds the int8 scales and is an ignored
+(1, 1) array otherwise.
+"""
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+from ._jit import REDUCE_MATH, kernel
+from .lanes import EXACT_MATH
+from .simd import LANES, QBLOCK, weight_dot_chunks
+
+
+
+@intrinsic
+def _bits_as_f32(typingctx, bits):
+    """Reinterpret a uint32 as float32 (a register move, no conversion)."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_as_bits(typingctx, value):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return sig, codegen
+
+
+def weight_at(w, s, n, k):
+    """w[n, k] as float32 for any weight precision (int8: q * scale, rounded to float32)."""
+    raise NotImplementedError
+
+
+@overload(weight_at, jit_options={"fastmath": EXACT_MATH})
+def _weight_at(w, s, n, k):
+    if w.dtype == types.float32:
+        return lambda w, s, n, k: w[n, k]
+    if w.dtype == types.uint16:
+        return lambda w, s, n, k: _bits_as_f32(np.uint32(w[n, k]) << 16)
+    if w.dtype == types.int8:
+        return lambda w, s, n, k: np.float32(w[n, k]) * s[n, k // QBLOCK]
+
+
+def row_dot(w, s, n, x):
+    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.simd."""
+    raise NotImplementedError
+
+
+@overload(row_dot, jit_options={"fastmath": EXACT_MATH})
+def _row_dot(w, s, n, x):
+    def dot(w, s, n, x):
+        K = w.shape[1]
+        total = weight_dot_chunks(w, s, n, x)
+        for k in range(K - K % LANES, K):
+            total += weight_at(w, s, n, k) * x[k]
+        return total
+
+    return dot
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def row_get(w, s, n, out):
+    """out[:] = w[n, :] as float32 (an embedding row, or a row widened into a matmul tile)."""
+    for k in range(w.shape[1]):
+        out[k] = weight_at(w, s, n, k)
+
+
+@kernel()
+def to_bf16(out, w):
+    """Round float32 (N, K) to bfloat16 bit patterns, nearest-even as torch does; NaN stays NaN."""
+    N, K = w.shape
+    for n in prange(N):
+        for k in range(K):
+            bits = _f32_as_bits(w[n, k])
+            if (bits & 0x7FFFFFFF) > 0x7F800000:
+                out[n, k] = np.uint16((bits >> 16) | 0x40)
+            else:
+                out[n, k] = np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+
+
+SCALE_COARSE, SCALE_FINE = 16, 8  # candidate scales tried per block, coarse then fine
+
+
+@njit(fastmath=REDUCE_MATH, cache=True, inline="always")  # called ~50 times per block: no call overhead
+def _block_sse(w, n, k0, k1, scale):
+    """Squared error of one block rounded to the int8 grid of `scale`."""
+    inv = np.float32(1.0) / scale
+    err = np.float32(0.0)
+    for k in range(k0, k1):
+        v = min(np.float32(127.0), max(np.float32(-127.0), np.rint(w[n, k] * inv)))
+        d = w[n, k] - v * scale
+        err += d * d
+    return err
+
+
+@kernel()
+def quantize_int8(q, s, w):
+    """Symmetric int8 per block of 32 along K, with the scale that minimises the block's squared error.
+
+    amax / 127 (Q8_0's choice) represents the largest weight exactly; a slightly larger scale often
+    fits the other 31 far better (weights that came from a 4-bit grid line up with some int8 grid),
+    so scales from amax/127 to 2 amax/127 are searched, coarse then fine. Never clips.
+    """
+    N, K = w.shape
+    for n in prange(N):
+        for b in range(s.shape[1]):
+            k0 = b * QBLOCK
+            k1 = min(K, k0 + QBLOCK)
+            amax = np.float32(0.0)
+            for k in range(k0, k1):
+                amax = max(amax, abs(w[n, k]))
+            base = amax / np.float32(127.0)
+            best = base
+            if base > 0:
+                best_err = _block_sse(w, n, k0, k1, base)
+                step = base / np.float32(SCALE_COARSE)
+                centre = base
+                for c in range(1, SCALE_COARSE + 1):
+                    scale = base + step * np.float32(c)
+                    err = _block_sse(w, n, k0, k1, scale)
+                    if err < best_err:
+                        best_err, best, centre = err, scale, scale
+                fine = step / np.float32(SCALE_FINE)
+                for c in range(-SCALE_FINE // 2, SCALE_FINE // 2 + 1):
+                    scale = centre + fine * np.float32(c)
+                    if scale >= base:
+                        err = _block_sse(w, n, k0, k1, scale)
+                        if err < best_err:
+                            best_err, best = err, scale
+            s[n, b] = best
+            inv = np.float32(1.0) / best if best > 0 else np.float32(0.0)
+            for k in range(k0, k1):
+                q[n, k] = np.int8(min(np.float32(127.0), max(np.float32(-127.0), np.rint(w[n, k] * inv))))
+
+
+@kernel()
+def gather_rows(out, w, s, ids):
+    """out[t] = w[ids[t]] as float32: the embedding lookup.  out: (T, K)."""
+    for t in prange(ids.shape[0]):
+        row_get(w, s, ids[t], out[t])
+
+
+@kernel()
+def dequantize(out, w, s):
+    """Any precision (N, K) back to float32: the reference for tests and tile widening."""
+    N, K = w.shape
+    for n in prange(N):
+        row_get(w, s, n, out[n])

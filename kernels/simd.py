@@ -1,0 +1,218 @@
+"""Fixed-order float32 dot products written in LLVM IR with 16-wide vectors.
+
+Every sum in minillm's forward pass goes through here: LANES partial sums (one AVX-512 register)
+accumulated with fused multiply-adds over aligned chunks, then added in one fixed tree; the
+caller adds the remaining n % LANES terms in sequence. No reassociation is possible, so the fused
+decode step, the prefill matmul and batched decode produce bit-identical results for the same
+row, whatever else is computed alongside.
+
+Numba leaves float reductions scalar unless allowed to reorder them (and then the order depends
+on how LLVM vectorises each call site), hence explicit vectors.
+
+Operands are (array, element offset) pairs; the chunk loops read `n - n % LANES` elements.
+Weight rows come as float32, bfloat16 bits (uint16) or int8 with one float32 scale per 32.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 16
+QBLOCK = 32  # int8 weights per scale
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+VEC = ir.VectorType(F32, LANES)
+
+
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _reduce(builder, acc):
+    """(a0+a8, .., a7+a15) -> (s0+s4, .., s3+s7) -> (t0+t2, t1+t3) -> u0+u1; kernels.lanes order."""
+
+    def half(v, width):
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width // 2), list(range(width // 2))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width // 2), list(range(width // 2, width))))
+        return builder.fadd(lo, hi)
+
+    v = half(half(half(acc, 16), 8), 4)
+    return builder.fadd(builder.extract_element(v, I64(0)), builder.extract_element(v, I64(1)))
+
+
+def _reduce16(builder, accs):
+    """_reduce of 16 accumulators at once, by transposing shuffles: the same additions on the same
+    pairs (so bit-identical results), 15 vector adds instead of 16 separate trees."""
+
+    def combine(a, b, lo, hi):
+        idx = lambda ix: ir.Constant(ir.VectorType(I32, LANES), ix)
+        return builder.fadd(builder.shuffle_vector(a, b, idx(lo)), builder.shuffle_vector(a, b, idx(hi)))
+
+    # level 1: [A0..7 | B0..7] + [A8..15 | B8..15] = [sA0..7 | sB0..7]
+    lvl = [combine(accs[2 * p], accs[2 * p + 1], list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32))) for p in range(8)]
+    # level 2: s_i + s_(i+4), four outputs per vector
+    lo = [o + i for o in (0, 8, 16, 24) for i in range(4)]
+    lvl = [combine(lvl[2 * p], lvl[2 * p + 1], lo, [i + 4 for i in lo]) for p in range(4)]
+    # level 3: (t0 + t2, t1 + t3), eight outputs per vector
+    lo = [o + i for o in range(0, 32, 4) for i in range(2)]
+    lvl = [combine(lvl[2 * p], lvl[2 * p + 1], lo, [i + 2 for i in lo]) for p in range(2)]
+    # level 4: u0 + u1, sixteen outputs
+    (result,) = [combine(lvl[0], lvl[1], list(range(0, 32, 2)), list(range(1, 32, 2)))]
+    return [builder.extract_element(result, I64(j)) for j in range(LANES)]
+
+
+def _data(context, builder, arrty, arr, offset, elem):
+    """Pointer to element `offset` of an array's data."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.gep(data, [offset], source_etype=elem)
+
+
+def _load_f32(builder, ptr, i):
+    return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
+
+
+def _load_bf16(builder, ptr, i):
+    raw = builder.load(builder.gep(ptr, [i], source_etype=ir.IntType(16)), typ=ir.VectorType(ir.IntType(16), LANES), align=2)
+    wide = builder.zext(raw, ir.VectorType(I32, LANES))
+    return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(I32, LANES), [16] * LANES)), VEC)
+
+
+def _load_int8(builder, qptr, sptr, i):
+    """16 int8 weights times their block's scale, each product rounded to float32."""
+    raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+    scale = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32), typ=F32, align=4)
+    splat = builder.insert_element(ir.Constant(VEC, ir.Undefined), scale, I32(0))
+    splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+    return builder.fmul(builder.sitofp(raw, VEC), splat)
+
+
+def _chunk_loop(builder, n, n_acc, body):
+    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs). Returns the final accumulators."""
+    full = builder.and_(n, I64(-LANES))
+    entry = builder.block
+    header = builder.append_basic_block("chunks")
+    loop = builder.append_basic_block("chunk")
+    done = builder.append_basic_block("chunks_done")
+    builder.branch(header)
+    builder.position_at_end(header)
+    i = builder.phi(I64)
+    i.add_incoming(I64(0), entry)
+    accs = []
+    for _ in range(n_acc):
+        acc = builder.phi(VEC)
+        acc.add_incoming(ir.Constant(VEC, [0.0] * LANES), entry)
+        accs.append(acc)
+    builder.cbranch(builder.icmp_signed("<", i, full), loop, done)
+    builder.position_at_end(loop)
+    new = body(i, accs)
+    for acc, value in zip(accs, new):
+        acc.add_incoming(value, builder.block)
+    i.add_incoming(builder.add(i, I64(LANES)), builder.block)
+    builder.branch(header)
+    builder.position_at_end(done)
+    return accs
+
+
+def _i64(builder, value, ty):
+    return builder.sext(value, I64) if value.type.width < 64 else value
+
+
+@intrinsic
+def dot_chunks(typingctx, a, a_off, b, b_off, n):
+    """Fixed-order sum of a[a_off + k] * b[b_off + k] over the full chunks of k < n (float32 arrays)."""
+    sig = types.float32(a, a_off, b, b_off, n)
+
+    def codegen(context, builder, signature, args):
+        pa = _data(context, builder, signature.args[0], args[0], _i64(builder, args[1], None), F32)
+        pb = _data(context, builder, signature.args[2], args[2], _i64(builder, args[3], None), F32)
+        (acc,) = _chunk_loop(
+            builder, _i64(builder, args[4], None), 1,
+            lambda i, accs: [_fma(builder, _load_f32(builder, pa, i), _load_f32(builder, pb, i), accs[0])],
+        )
+        return _reduce(builder, acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def sum_chunks(typingctx, a, n):
+    """Fixed-order sum of a[k] over the full chunks of k < n (float32)."""
+    sig = types.float32(a, n)
+
+    def codegen(context, builder, signature, args):
+        pa = _data(context, builder, signature.args[0], args[0], I64(0), F32)
+        (acc,) = _chunk_loop(
+            builder, _i64(builder, args[1], None), 1,
+            lambda i, accs: [builder.fadd(accs[0], _load_f32(builder, pa, i))],
+        )
+        return _reduce(builder, acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def weight_dot_chunks(typingctx, w, s, n, x):
+    """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, full chunks."""
+    sig = types.float32(w, s, n, x)
+    dtype = w.dtype
+
+    def codegen(context, builder, signature, args):
+        wty, sty, _, xty = signature.args
+        warr = context.make_array(wty)(context, builder, args[0])
+        K = builder.extract_value(warr.shape, 1)
+        row = builder.mul(_i64(builder, args[2], None), K)
+        px = _data(context, builder, xty, args[3], I64(0), F32)
+        if dtype == types.float32:
+            pw = builder.gep(warr.data, [row], source_etype=F32)
+            load = lambda i: _load_f32(builder, pw, i)
+        elif dtype == types.uint16:
+            pw = builder.gep(warr.data, [row], source_etype=ir.IntType(16))
+            load = lambda i: _load_bf16(builder, pw, i)
+        else:
+            pw = builder.gep(warr.data, [row], source_etype=ir.IntType(8))
+            sarr = context.make_array(sty)(context, builder, args[1])
+            srow = builder.mul(_i64(builder, args[2], None), builder.extract_value(sarr.shape, 1))
+            ps = builder.gep(sarr.data, [srow], source_etype=F32)
+            load = lambda i: _load_int8(builder, pw, ps, i)
+        (acc,) = _chunk_loop(builder, K, 1, lambda i, accs: [_fma(builder, load(i), _load_f32(builder, px, i), accs[0])])
+        return _reduce(builder, acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def tile_dot_4x4(typingctx, tile, r, x, t):
+    """Rows r..r+3 of a float32 tile against tokens t..t+3 of x, full chunks: 16 sums.
+
+    The same chunk order and tree as dot_chunks, so each result equals the single dot product;
+    16 accumulators share 8 loads per chunk, so the loop is bound by FMAs rather than loads.
+    Returns the sums row-major by token: (t, r), (t, r+1), .., (t+3, r+3).
+    """
+    sig = types.UniTuple(types.float32, 16)(tile, r, x, t)
+
+    def codegen(context, builder, signature, args):
+        tarr = context.make_array(signature.args[0])(context, builder, args[0])
+        xarr = context.make_array(signature.args[2])(context, builder, args[2])
+        K = builder.extract_value(xarr.shape, 1)
+        tK = builder.extract_value(tarr.shape, 1)
+        r0 = _i64(builder, args[1], None)
+        t0 = _i64(builder, args[3], None)
+        w = [builder.gep(tarr.data, [builder.mul(builder.add(r0, I64(j)), tK)], source_etype=F32) for j in range(4)]
+        xs = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=F32) for j in range(4)]
+
+        def body(i, accs):
+            wv = [_load_f32(builder, p, i) for p in w]
+            out = []
+            for j, xp in enumerate(xs):
+                xv = _load_f32(builder, xp, i)
+                out += [_fma(builder, wv[c], xv, accs[4 * j + c]) for c in range(4)]
+            return out
+
+        accs = _chunk_loop(builder, K, 16, body)
+        return context.make_tuple(builder, signature.return_type, _reduce16(builder, accs))
+
+    return sig, codegen
