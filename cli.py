@@ -42,6 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
             help="weight precision (default float32: exact, the logits transformers gives; "
             "bfloat16 halves and int8 quarters the weight bytes read per token)",
         )
+        p.add_argument("--check-weights", action="store_true", help="reject weights containing NaN or Inf")
 
     def sampling_flags(p, max_tokens=256):
         p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N")
@@ -52,6 +53,7 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R", help="1 disables")
         p.add_argument("--seed", type=int, metavar="S", help="same seed, same text")
         p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="STR", help="stop before these strings")
+        p.add_argument("--truncate", action="store_true", help="keep the most recent tokens of a prompt longer than the context")
 
     g = sub.add_parser("generate", help="continue a prompt; only the generated text goes to stdout")
     model_flags(g)
@@ -68,6 +70,22 @@ def _build_parser() -> argparse.ArgumentParser:
     model_flags(lg)
     lg.add_argument("--tokens", required=True, metavar="1,2,3")
     lg.add_argument("--out", required=True, metavar="FILE.npy")
+
+    cmp = sub.add_parser("compare", help="minillm against transformers: logit metrics per position, per layer")
+    model_flags(cmp)
+    src = cmp.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="text to run (default: a built-in sentence)")
+    src.add_argument("--tokens", metavar="1,2,3")
+    cmp.add_argument("--per-layer", action="store_true", help="hidden-state difference after every layer")
+    cmp.add_argument("--threshold", type=float, default=1e-4, help="relative L2 error that counts as divergence")
+    cmp.add_argument("--json", action="store_true", help="one JSON object on stdout (schema in the README)")
+
+    ppl = sub.add_parser("perplexity", help="perplexity over a text file with sliding windows of --ctx tokens")
+    model_flags(ppl)
+    ppl.add_argument("--file", required=True, metavar="TEXT")
+    ppl.add_argument("--stride", type=int, metavar="S", help="tokens between windows (default: half the window)")
+    ppl.add_argument("--hf", action="store_true", help="also run transformers on the very same windows")
+    ppl.add_argument("--json", action="store_true")
 
     b = sub.add_parser("bench", help="prefill and decode speed, time to first token, load time, peak RSS")
     model_flags(b)
@@ -95,7 +113,7 @@ def _sampling(args) -> dict:
 def _load(args):
     import minillm
 
-    return minillm.load(args.model, ctx=args.ctx, dtype=args.dtype)
+    return minillm.load(args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights)
 
 
 def _write(piece: str) -> None:
@@ -105,7 +123,7 @@ def _write(piece: str) -> None:
 
 def cmd_generate(args) -> int:
     llm = _load(args)
-    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop, **_sampling(args))
+    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **_sampling(args))
     for piece in stream:
         _write(piece)
     if sys.stdout.isatty():
@@ -121,7 +139,7 @@ def cmd_chat(args) -> int:
 
     def turn(text: str) -> None:
         history.append({"role": "user", "content": text})
-        stream = llm.chat_stream(history, max_tokens=args.max_tokens, stop=args.stop, **_sampling(args))
+        stream = llm.chat_stream(history, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **_sampling(args))
         reply = []
         for piece in stream:
             reply.append(piece)
@@ -151,12 +169,7 @@ def cmd_chat(args) -> int:
 def cmd_logits(args) -> int:
     import numpy as np
 
-    from minillm import UsageError
-
-    try:
-        tokens = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        raise UsageError(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
+    tokens = _tokens_arg(args.tokens)
     llm = _load(args)
     logits = llm.logits(tokens)
     out = args.out if args.out.endswith(".npy") else args.out + ".npy"
@@ -197,6 +210,80 @@ def cmd_bench(args) -> int:
     return 0
 
 
+COMPARE_PROMPT = "The quick brown fox jumps over the lazy dog. In 1969, people first walked on the Moon."
+
+
+def _tokens_arg(text: str) -> list[int]:
+    from minillm import UsageError
+
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--tokens must be comma-separated integers, got {text!r}") from None
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from minillm.compare import compare, load_oracle
+
+    llm = _load(args)
+    tokens = _tokens_arg(args.tokens) if args.tokens else llm.tokenizer.encode(args.prompt or COMPARE_PROMPT)
+    llm._check_ids(tokens)
+    result = compare(llm.model, load_oracle(llm.model_dir), tokens, per_layer=args.per_layer, threshold=args.threshold)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    o = result["overall"]
+    print(f"minillm ({result['dtype']}) vs transformers (float32) on {result['tokens']} tokens")
+    print(f"overall: max |dlogit| {o['max_abs']:.3g}, NMSE {o['nmse']:.3g}, top-1 agreement {o['top1'] * 100:.1f}%, "
+          f"KL(hf||minillm) mean {o['kl_mean']:.3g} max {o['kl_max']:.3g} nats")
+    print(f"{'position':>8} {'max_abs':>10} {'nmse':>10} {'top1':>5} {'kl':>10}")
+    for p in result["positions"]:
+        print(f"{p['position']:>8} {p['max_abs']:>10.3g} {p['nmse']:>10.3g} {'yes' if p['top1'] else 'NO':>5} {p['kl']:>10.3g}")
+    if args.per_layer:
+        layers = result["layers"]
+        print(f"\nper layer (relative L2 error of the hidden state; divergence above {layers['threshold']:g}):")
+        print(f"{'stage':>12} {'max_abs':>10} {'rel_l2':>10}")
+        for st in layers["stages"]:
+            mark = "  <- first divergence" if st["stage"] == layers["first_divergence"] else ""
+            print(f"{st['stage']:>12} {st['max_abs']:>10.3g} {st['rel_l2']:>10.3g}{mark}")
+        print(f"first divergence: {layers['first_divergence'] or 'none'}")
+    return 0
+
+
+def cmd_perplexity(args) -> int:
+    import json
+
+    from minillm import UsageError
+    from minillm.compare import hf_window_scorer, load_oracle, model_window_scorer, perplexity
+
+    try:
+        text = open(args.file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{args.file}: cannot read: {e}") from None
+    llm = _load(args)
+    ids = llm.tokenizer.encode(text)
+    window = llm.model.ctx  # --ctx: each window is one full context
+    stride = args.stride or max(1, window // 2)
+    if not 0 < stride <= window <= llm.model.ctx or len(ids) < 2:
+        raise UsageError(f"need 0 < stride ({stride}) <= window ({window}) <= context ({llm.model.ctx}) and a text of 2+ tokens")
+    result = {"file": args.file, "dtype": args.dtype, "window": window, "stride": stride, "tokens": len(ids)}
+    result["minillm"] = perplexity(model_window_scorer(llm.model), ids, window, stride, progress=not args.json)
+    if args.hf:
+        result["transformers"] = perplexity(hf_window_scorer(load_oracle(llm.model_dir)), ids, window, stride, progress=not args.json)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{args.file}: {len(ids)} tokens, windows of {window} every {stride} ({result['minillm']['windows']} windows)")
+    print(f"minillm ({args.dtype}):  perplexity {result['minillm']['perplexity']:.4f}")
+    if args.hf:
+        hf = result["transformers"]["perplexity"]
+        rel = result["minillm"]["perplexity"] / hf - 1
+        print(f"transformers (float32): perplexity {hf:.4f}  (minillm {rel * 100:+.3f}%)")
+    return 0
+
+
 def cmd_import(args) -> int:
     from minillm.gguf_import import import_gguf
 
@@ -205,7 +292,15 @@ def cmd_import(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "logits": cmd_logits, "bench": cmd_bench, "import": cmd_import}
+COMMANDS = {
+    "generate": cmd_generate,
+    "chat": cmd_chat,
+    "logits": cmd_logits,
+    "compare": cmd_compare,
+    "perplexity": cmd_perplexity,
+    "bench": cmd_bench,
+    "import": cmd_import,
+}
 
 
 def main(argv=None) -> int:

@@ -304,6 +304,11 @@ def main() -> None:
 
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
               "rounds": args.rounds, "bandwidth_gb_s": bandwidth["bandwidth_gb_s"], "shapes": {}}
+    out = ROOT / "benchmarks" / "results.json"
+
+    def save():  # after every shape, so a long run that stops early still leaves its results
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
     shapes = args.shapes.split(",")
     if "smollm" in shapes:
         d = default_model_dir()
@@ -312,11 +317,12 @@ def main() -> None:
         if not args.no_hf:
             hf = {dt: last_json(sh([sys.executable, "-c", WORKER_HF, str(d), dt, str(args.threads)])) for dt in ("float32", "bfloat16")}
             report["shapes"]["smollm"]["transformers"] = hf
+        save()
+        print_report(report)
     if "1b" in shapes:
         med = measure("1b", random_1b(), PAIRS[1:], args.rounds, args.threads)
         report["shapes"]["1b"] = table(med, PAIRS[1:], bandwidth["bandwidth_gb_s"])
-    out = ROOT / "benchmarks" / "results.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+        save()
     print_report(report)
     print(f"\nwrote {out}")
 

@@ -29,14 +29,19 @@ from .tokenizer import Tokenizer
 
 class LLM:
     def __init__(
-        self, model_dir: str | Path | None = None, ctx: int | None = None, dtype: str = "float32", progress: bool = True
+        self,
+        model_dir: str | Path | None = None,
+        ctx: int | None = None,
+        dtype: str = "float32",
+        progress: bool = True,
+        check_weights: bool = False,
     ):
         if model_dir is None:
             from .default_model import default_model_dir
 
             model_dir = default_model_dir(progress=progress)
         self.model_dir = Path(model_dir)
-        self.model = Model.load(self.model_dir, ctx=ctx, dtype=dtype)
+        self.model = Model.load(self.model_dir, ctx=ctx, dtype=dtype, check_finite=check_weights)
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -58,23 +63,36 @@ class LLM:
         prompt: str | Sequence[int],
         max_tokens: int = 256,
         stop: Sequence[str] = (),
+        truncate: bool = False,
         **sampling,
     ) -> TextStream:
-        """An iterator of text pieces as they are generated; `.finish_reason` once exhausted."""
+        """An iterator of text pieces as they are generated; `.finish_reason` once exhausted.
+
+        A prompt longer than the context is an error unless `truncate`, which keeps its most
+        recent tokens (leaving room for max_tokens, and at least half the context to the prompt).
+        """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._stream(ids, max_tokens, stop, sampling)
+        return self._stream(ids, max_tokens, stop, truncate, sampling)
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> str:
-        return "".join(self.stream(prompt, max_tokens, stop, **sampling))
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> str:
+        return "".join(self.stream(prompt, max_tokens, stop, truncate, **sampling))
 
-    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> TextStream:
-        return self._stream(self.tokenizer.encode_chat(messages), max_tokens, stop, sampling)
+    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> TextStream:
+        return self._stream(self.tokenizer.encode_chat(messages), max_tokens, stop, truncate, sampling)
 
-    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> str:
-        return "".join(self.chat_stream(messages, max_tokens, stop, **sampling))
+    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> str:
+        return "".join(self.chat_stream(messages, max_tokens, stop, truncate, **sampling))
 
-    def _stream(self, ids: list[int], max_tokens: int, stop, sampling: dict) -> TextStream:
+    def _stream(self, ids: list[int], max_tokens: int, stop, truncate: bool, sampling: dict) -> TextStream:
         self._check_ids(ids)
+        ctx = self.model.ctx
+        if len(ids) > ctx:
+            if not truncate:
+                raise GenerationError(
+                    f"the prompt has {len(ids)} tokens but the context holds {ctx}; "
+                    "ask for truncation (truncate=True, --truncate) to keep only its most recent tokens"
+                )
+            ids = ids[-max(ctx // 2, ctx - max_tokens) :]
         tokens = TokenStream(self.model, ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
         return TextStream(tokens, self.tokenizer, stop)
 
@@ -98,13 +116,18 @@ class LLM:
 
 
 def load(
-    model_dir: str | Path | None = None, ctx: int | None = None, dtype: str = "float32", progress: bool = True
+    model_dir: str | Path | None = None,
+    ctx: int | None = None,
+    dtype: str = "float32",
+    progress: bool = True,
+    check_weights: bool = False,
 ) -> LLM:
     """Load an HF checkpoint directory, or the default model when `model_dir` is None.
 
     dtype: "float32" (default; exact), "bfloat16" or "int8" (blocks of 32 with a scale each).
+    check_weights: reject weights containing NaN or Inf (reads every weight once at load).
     """
-    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress)
+    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights)
 
 
 def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -17,10 +17,10 @@ class KVCache:
     `length` is the number of positions already filled; the model advances it after a forward.
     """
 
-    def __init__(self, cfg: ModelConfig, ctx: int):
+    def __init__(self, cfg: ModelConfig, ctx: int, k: np.ndarray | None = None, v: np.ndarray | None = None):
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
-        self.k = lazy_zeros(shape)
-        self.v = lazy_zeros(shape)
+        self.k = lazy_zeros(shape) if k is None else k
+        self.v = lazy_zeros(shape) if v is None else v
         self.ctx = ctx
         self.length = 0
 
@@ -40,6 +40,27 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+
+class KVPool:
+    """Cache slots for the sequences of a batch: k, v (slots, layers, nkv, ctx, hd).
+
+    A slot's KVCache is a view, so prefill (Model.forward) and batched decode
+    (Model.decode_batch) write the same memory.
+    """
+
+    def __init__(self, cfg: ModelConfig, ctx: int, slots: int):
+        shape = (slots, cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
+        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)
+        self.cfg, self.ctx = cfg, ctx
+        self.free = list(range(slots - 1, -1, -1))
+
+    def acquire(self) -> tuple[int, KVCache]:
+        slot = self.free.pop()
+        return slot, KVCache(self.cfg, self.ctx, self.k[slot], self.v[slot])
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
 
 
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GGUFError
+from .gguf_check import check_gguf
 
 TMP_PREFIX = ".importing-"
 
@@ -126,6 +127,39 @@ def hf_config(meta: _Metadata) -> dict:
     return config
 
 
+def hf_name(name: str, path: Path) -> str:
+    """The HF tensor name of a GGUF tensor name."""
+    if name.startswith("blk."):
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2] in LAYER_TENSORS:
+            return f"model.layers.{int(parts[1])}.{LAYER_TENSORS[parts[2]]}"
+    elif name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name]
+    raise GGUFError(f"{path}: unexpected tensor {name!r}")
+
+
+def check_tensors(layout, config: dict, path: Path) -> None:
+    """Every tensor the config implies is present with that shape, and nothing else is."""
+    from .checkpoint import expected_shapes
+    from .config import ModelConfig
+    from .errors import ConfigError
+
+    names = {hf_name(t.name, path): tuple(reversed(t.shape)) for t in layout.tensors}
+    try:
+        cfg = ModelConfig.from_dict(dict(config, tie_word_embeddings="lm_head.weight" not in names), source=str(path))
+    except ConfigError as e:
+        raise GGUFError(str(e)) from None
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
+        if name not in names:
+            raise GGUFError(f"{path}: missing tensor for {name!r}")
+        if names[name] != shape:
+            raise GGUFError(f"{path}: tensor for {name!r} has shape {list(names[name])}, metadata implies {list(shape)}")
+    for name in names:
+        if name not in expected:
+            raise GGUFError(f"{path}: unexpected tensor {name!r}")
+
+
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo convert_hf_to_gguf's permute(): llama.cpp stores RoPE pairs interleaved, HF split-half."""
     half = w.shape[0] // n_head // 2
@@ -142,17 +176,7 @@ def hf_tensors(reader, config: dict, path: Path, progress: bool):
     bar = _progress(len(tensors), "importing default model" if progress else None)
     for t in tensors:
         name = t.name
-        if name.startswith("blk."):
-            _, layer, rest = name.split(".", 2)
-            if rest not in LAYER_TENSORS or not layer.isdigit():
-                raise GGUFError(f"{path}: unexpected tensor {name!r}")
-            hf = f"model.layers.{int(layer)}.{LAYER_TENSORS[rest]}"
-        elif name in GLOBAL_TENSORS:
-            hf = GLOBAL_TENSORS[name]
-        elif name in ("rope_freqs.weight",):
-            raise GGUFError(f"{path}: tensor {name!r} (custom RoPE frequencies) is not supported")
-        else:
-            raise GGUFError(f"{path}: unexpected tensor {name!r}")
+        hf = hf_name(name, path)
         try:
             qtype = GGMLQuantizationType(t.tensor_type)
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
@@ -283,9 +307,11 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
     gguf_path, dest = Path(gguf_path), Path(dest)
     if dest.exists():
         raise GGUFError(f"{dest}: already exists")
+    layout = check_gguf(gguf_path)  # structure validated before the gguf package maps the file
     reader = read_gguf(gguf_path)
     meta = _Metadata(reader, gguf_path)
     config = hf_config(meta)
+    check_tensors(layout, config, gguf_path)
     tokenizer_json = build_tokenizer_json(meta)
     tok_config = tokenizer_config(meta)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}
@@ -304,7 +330,9 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
         (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tok_config)
         _write_json(tmp / "generation_config.json", generation)
-        _write_json(tmp / "minillm_import.json", {"source": gguf_path.name, "size": gguf_path.stat().st_size})
+        # Where the weights came from: `compare` uses transformers reading this same GGUF as the oracle.
+        record = {"source": gguf_path.name, "path": str(gguf_path.resolve()), "size": gguf_path.stat().st_size}
+        _write_json(tmp / "minillm_import.json", record)
         os.rename(tmp, dest)  # atomic: the model appears whole or not at all
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -70,9 +70,12 @@ class Workspace:
         self.proj = np.zeros((rows, H), f)  # o_proj / down_proj output before the residual add
         self.gate = np.zeros((rows, I), f)
         self.up = np.zeros((rows, I), f)
-        self.scores = np.zeros((cfg.num_attention_heads, ctx), f)
+        self.scores = np.zeros((rows * cfg.num_attention_heads, ctx), f)
         self.positions = np.zeros(rows, np.int64)
-        self.logits = np.zeros(cfg.vocab_size, f)
+        self.tokens = np.zeros(rows, np.int64)  # decode: each sequence's token, position, cache slot
+        self.pos = np.zeros(rows, np.int64)
+        self.slots = np.zeros(rows, np.int64)
+        self.logits = np.zeros((rows, cfg.vocab_size), f)
 
 
 class Model:
@@ -105,10 +108,12 @@ class Model:
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False, hidden: np.ndarray | None = None) -> np.ndarray:
         """Run `tokens` after what `cache` holds; returns logits (T, V) or (V,) for the last token.
 
         The returned (V,) array is a workspace buffer, overwritten by the next call.
+        hidden: optional (L + 2, T, H) array that receives the residual stream after the
+        embedding and after every layer, then the final norm's output (for `compare --per-layer`).
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = len(tokens)
@@ -119,14 +124,15 @@ class Model:
             raise GenerationError(f"token id out of range [0, {V})")
         cache.reserve(T)
         with self._lock:
-            if T == 1 and not all_logits:
+            if T == 1 and not all_logits and hidden is None:
                 return self._decode(int(tokens[0]), cache)
             ws = self._prefill_workspace()
             out = np.empty((T, V), np.float32) if all_logits else None
             for start in range(0, T, ws.rows):
                 chunk = tokens[start : start + ws.rows]
                 last = start + ws.rows >= T
-                logits = self._prefill(chunk, cache, ws, all_logits, want_logits=all_logits or last)
+                capture = None if hidden is None else hidden[:, start : start + len(chunk)]
+                logits = self._prefill(chunk, cache, ws, all_logits, want_logits=all_logits or last, capture=capture)
                 if all_logits:
                     out[start : start + len(chunk)] = logits
             return out if all_logits else logits
@@ -137,15 +143,42 @@ class Model:
         return self._prefill_ws
 
     def _decode(self, token: int, cache: KVCache) -> np.ndarray:
-        """One token through the whole model in a single Numba call."""
-        ws, cfg = self._decode_ws, self.config
-        pos = cache.length
-        buffers = (ws.x[0], ws.xn[0], ws.qkv[0], ws.att[0], ws.gate[0], ws.scores)
-        K.decode_step(ws.logits, token, pos, buffers, *self._decode_weights, cache.k, cache.v, self.cos, self.sin, cfg.rms_norm_eps)
-        cache.length = pos + 1
-        return ws.logits
+        """One token through the whole model in a single Numba call (a batch of one)."""
+        ws = self._decode_ws
+        ws.tokens[0], ws.pos[0], ws.slots[0] = token, cache.length, 0
+        self._decode_kernel(ws, 1, cache.k[None], cache.v[None])
+        cache.length += 1
+        return ws.logits[0]
 
-    def _prefill(self, tokens, cache: KVCache, ws: Workspace, all_logits: bool, want_logits: bool = True):
+    def decode_batch(self, tokens, caches: list[KVCache], slots, pool) -> np.ndarray:
+        """One token for each of B sequences in one step, weights read once: logits (B, V).
+
+        caches[b] is slot slots[b] of `pool` (a KVPool). Each row of the result equals what a
+        decode of that sequence alone would give, bit for bit. The array is a workspace buffer.
+        """
+        B = len(tokens)
+        for c in caches:
+            c.reserve(1)
+        with self._lock:
+            if self._decode_ws.rows < B:
+                self._decode_ws = Workspace(self.config, B, self.ctx)
+            ws = self._decode_ws
+            ws.tokens[:B] = tokens
+            ws.pos[:B] = [c.length for c in caches]
+            ws.slots[:B] = slots
+            self._decode_kernel(ws, B, pool.k, pool.v)
+        for c in caches:
+            c.length += 1
+        return ws.logits[:B]
+
+    def _decode_kernel(self, ws: "Workspace", B: int, k_pool, v_pool) -> None:
+        buffers = (ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.gate[:B], ws.scores[: B * self.config.num_attention_heads])
+        K.decode_batch(
+            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, *self._decode_weights,
+            k_pool, v_pool, self.cos, self.sin, self.config.rms_norm_eps,
+        )
+
+    def _prefill(self, tokens, cache: KVCache, ws: Workspace, all_logits: bool, want_logits: bool = True, capture=None):
         """Many tokens, one kernel call per operation, on a workspace of `ws.rows` tokens."""
         cfg, w = self.config, self.weights
         T = len(tokens)
@@ -164,6 +197,8 @@ class Model:
         positions = ws.positions[:T]
         positions[:] = np.arange(pos0, pos0 + T)
         K.gather_rows(x, w.embed.w, w.embed.s, tokens)
+        if capture is not None:
+            capture[0] = x
 
         for i, L in enumerate(w.layers):
             # h = x + attn(rmsnorm(x))
@@ -184,7 +219,11 @@ class Model:
             K.swiglu(gate, gate, up)
             linear(o, gate, L.down)
             x += o
+            if capture is not None:
+                capture[i + 1] = x
         cache.length = pos0 + T
+        if capture is not None:
+            K.rmsnorm(capture[-1], x, w.norm, eps)
 
         if not want_logits:
             return None
@@ -194,12 +233,12 @@ class Model:
             K.matmul(logits, xn, w.lm_head.w, w.lm_head.s)
             return logits
         K.rmsnorm(xn[T - 1 :], x[T - 1 :], w.norm, eps)
-        K.matvec(ws.logits, xn[T - 1], w.lm_head.w, w.lm_head.s)
-        return ws.logits
+        K.matvec(ws.logits[0], xn[T - 1], w.lm_head.w, w.lm_head.s)
+        return ws.logits[0]
 
 
 def _decode_weights(cfg: ModelConfig, w: Weights) -> tuple:
-    """The weights in the argument layout of kernels.decode_step (built once at load)."""
+    """The weights in the argument layout of kernels.decode_batch (built once at load)."""
     L = w.layers
     f = np.float32
 

@@ -1,0 +1,87 @@
+"""compare and perplexity: minillm against transformers, as user features."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from hf_tiny import hf_logits, make_checkpoint
+from minillm.compare import compare, hf_window_scorer, load_oracle, model_window_scorer, perplexity, windows
+from minillm.model import Model
+
+CLI = [sys.executable, str(ROOT / "cli.py")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-compare")
+    make_checkpoint(path, num_hidden_layers=4)
+    return path
+
+
+def test_compare_on_tiny_model_is_exact_enough(tiny):
+    model, oracle = Model.load(tiny), load_oracle(tiny)
+    result = compare(model, oracle, list(range(3, 40)), per_layer=True)
+    assert result["overall"]["nmse"] < 1e-10 and result["overall"]["top1"] == 1.0
+    assert result["overall"]["kl_mean"] < 1e-8
+    assert len(result["positions"]) == 37
+    assert [s["stage"] for s in result["layers"]["stages"]] == ["embedding", "layer 0", "layer 1", "layer 2", "layer 3", "final norm"]
+    assert result["layers"]["first_divergence"] is None
+
+
+def test_per_layer_names_the_perturbed_layer(tiny):
+    """Weights changed in minillm only, in layer 2: the first divergence is layer 2."""
+    model, oracle = Model.load(tiny), load_oracle(tiny)
+    layer = model.weights.layers[2]
+    layer.gate.w[...] = layer.gate.w * 1.01  # the weights map the file copy-on-write: disk untouched
+    result = compare(model, oracle, list(range(3, 30)), per_layer=True)
+    assert result["layers"]["first_divergence"] == "layer 2"
+    stages = {s["stage"]: s["rel_l2"] for s in result["layers"]["stages"]}
+    assert stages["layer 1"] < 1e-5 < stages["layer 2"]
+    # and the file on disk is untouched: a fresh load agrees again
+    assert compare(Model.load(tiny), oracle, [1, 2, 3], per_layer=True)["layers"]["first_divergence"] is None
+
+
+def test_windows_cover_every_token_once():
+    for n, ctx, stride in [(10, 4, 2), (100, 32, 16), (7, 10, 5), (33, 8, 8)]:
+        plan = list(windows(n, ctx, stride))
+        assert sum(t for _, _, t in plan) == n
+        assert all(end - begin <= ctx for begin, end, _ in plan)
+
+
+def test_perplexity_equals_transformers(default_model_dir):
+    text = (ROOT / "tests" / "data" / "lighthouse.txt").read_text()[:1500]
+    model = Model.load(default_model_dir, ctx=128)
+    from minillm.tokenizer import Tokenizer
+
+    ids = Tokenizer(default_model_dir).encode(text)
+    ours = perplexity(model_window_scorer(model), ids, 128, 64)
+    theirs = perplexity(hf_window_scorer(load_oracle(default_model_dir)), ids, 128, 64)
+    assert ours["tokens_scored"] == theirs["tokens_scored"] == len(ids) - 1
+    assert abs(ours["perplexity"] / theirs["perplexity"] - 1) < 1e-3
+    assert 1 < ours["perplexity"] < 100
+
+
+def test_compare_cli_default_model_json(default_model_dir):
+    result = subprocess.run(CLI + ["compare", "--per-layer", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["overall"]["nmse"] < 1e-6
+    assert report["overall"]["top1"] == 1.0
+    assert len(report["layers"]["stages"]) == 32  # embedding, 30 layers, final norm
+    assert report["layers"]["first_divergence"] is None
+
+
+def test_compare_without_transformers_is_one_line(tmp_path, tiny):
+    for name in ("torch", "transformers"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('blocked')\n")
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run(CLI + ["compare", "--model", str(tiny), "--tokens", "1,2,3"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: compare needs transformers and torch: pip install 'minillm[compare]'"]
