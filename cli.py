@@ -87,6 +87,15 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--hf", action="store_true", help="also run transformers on the very same windows")
     ppl.add_argument("--json", action="store_true")
 
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    model_flags(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together")
+    sv.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests allowed to wait (then 429)")
+    sv.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
+    sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
+
     b = sub.add_parser("bench", help="prefill and decode speed, time to first token, load time, peak RSS")
     model_flags(b)
     b.add_argument("--prompt-tokens", type=int, default=128, metavar="P")
@@ -284,6 +293,20 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import minillm
+    from minillm.server import serve
+
+    llm = minillm.load(
+        args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights,
+        max_batch=args.max_batch, max_queue=args.max_queue,
+    )
+    name = args.model_name or llm.model_dir.name
+    print(f"minillm serving {name} ({args.dtype}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(llm, name, host=args.host, port=args.port, api_key=args.api_key)
+    return 0
+
+
 def cmd_import(args) -> int:
     from minillm.gguf_import import import_gguf
 
@@ -299,6 +322,7 @@ COMMANDS = {
     "compare": cmd_compare,
     "perplexity": cmd_perplexity,
     "bench": cmd_bench,
+    "serve": cmd_serve,
     "import": cmd_import,
 }
 

@@ -7,8 +7,8 @@
         print(piece, end="", flush=True)
     llm.chat([{"role": "user", "content": "Hi!"}])
 
-Calls from several threads are safe: each call has its own KV cache, and the model serialises
-kernel calls behind one lock.
+Calls from several threads are safe and are batched: every request goes to one engine thread
+(minillm.engine) that decodes all active requests together, the weights read once per step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .errors import GenerationError
-from .generate import TextStream, TokenStream
+from .engine import Engine
+from .generate import TextStream
 from .model import Model
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -35,7 +36,10 @@ class LLM:
         dtype: str = "float32",
         progress: bool = True,
         check_weights: bool = False,
+        max_batch: int = 8,
+        max_queue: int = 256,
     ):
+        self.max_batch, self.max_queue = max_batch, max_queue
         if model_dir is None:
             from .default_model import default_model_dir
 
@@ -47,6 +51,11 @@ class LLM:
     def tokenizer(self) -> Tokenizer:
         """Loaded on first use: `logits` on token ids needs no tokenizer files."""
         return Tokenizer(self.model_dir)
+
+    @cached_property
+    def engine(self) -> Engine:
+        """The batching engine thread, started on first use."""
+        return Engine(self.model, max_batch=self.max_batch, max_queue=self.max_queue)
 
     @cached_property
     def eos_ids(self) -> tuple[int, ...]:
@@ -93,8 +102,8 @@ class LLM:
                     "ask for truncation (truncate=True, --truncate) to keep only its most recent tokens"
                 )
             ids = ids[-max(ctx // 2, ctx - max_tokens) :]
-        tokens = TokenStream(self.model, ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
-        return TextStream(tokens, self.tokenizer, stop)
+        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
+        return TextStream(handle, self.tokenizer, stop)
 
     # ------------------------------------------------------------------ numbers
 
@@ -121,13 +130,15 @@ def load(
     dtype: str = "float32",
     progress: bool = True,
     check_weights: bool = False,
+    **engine,
 ) -> LLM:
     """Load an HF checkpoint directory, or the default model when `model_dir` is None.
 
     dtype: "float32" (default; exact), "bfloat16" or "int8" (blocks of 32 with a scale each).
     check_weights: reject weights containing NaN or Inf (reads every weight once at load).
+    max_batch / max_queue: sequences decoded together, and requests allowed to wait.
     """
-    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights)
+    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights, **engine)
 
 
 def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:

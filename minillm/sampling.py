@@ -25,6 +25,8 @@ class SamplingParams:
     top_p: float = 0.95  # 1: off
     min_p: float = 0.05  # 0: off
     repetition_penalty: float = 1.0  # 1: off
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     seed: int | None = None
 
     def __post_init__(self):
@@ -43,6 +45,10 @@ class SamplingParams:
         r = self.repetition_penalty
         if not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
             bad("repetition_penalty", r, "a finite number > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                bad(name, value, "in [-2, 2]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             bad("seed", self.seed, "an integer >= 0")
 
@@ -62,11 +68,26 @@ def apply_repetition_penalty(logits: np.ndarray, history, penalty: float) -> np.
     return logits
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, history=()) -> int:
-    """The next token id from last-position logits (V,)."""
+def apply_openai_penalties(logits: np.ndarray, generated, presence: float, frequency: float) -> np.ndarray:
+    """logit -= presence * [count > 0] + frequency * count, over the tokens generated so far."""
+    if (presence == 0.0 and frequency == 0.0) or len(generated) == 0:
+        return logits
+    tokens, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    logits = logits.copy()
+    logits[tokens] -= presence + frequency * counts
+    return logits
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, history=(), generated=()) -> int:
+    """The next token id from last-position logits (V,).
+
+    history: the tokens the repetition penalty looks at (prompt and output);
+    generated: the output so far, for the presence and frequency penalties.
+    """
     if np.isnan(logits).any():
         raise GenerationError("the model produced NaN logits; refusing to sample")
     logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    logits = apply_openai_penalties(logits, generated, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
         return int(np.argmax(logits))
 

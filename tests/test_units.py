@@ -179,12 +179,16 @@ def test_text_stream_stop_strings():
 
     class Tokens:
         finish_reason = "length"
+        cancelled = False
 
         def __init__(self, text):
-            self.ids = list(text.encode())
+            self.tokens = list(text.encode())
 
-        def __iter__(self):
-            return iter(self.ids)
+        def ids(self):
+            return iter(self.tokens)
+
+        def cancel(self):
+            self.cancelled = True
 
     def run(text, stop):
         stream = TextStream(Tokens(text), FakeTokenizer(), stop)

@@ -1,0 +1,126 @@
+"""Load on the OpenAI-compatible server: aggregate generated tok/s and time to first token at
+concurrency 1, 2, 4 and 8, on the default model, over loopback.
+
+    python benchmarks/serve_load.py [--dtype float32] [--requests-per-client 4] [--max-tokens 64]
+
+Starts `cli.py serve` on a free loopback port, warms it up, then for each concurrency level runs
+that many streaming clients, each sending the same number of requests back to back (distinct
+prompts, sampled with a seed). Every loop is bounded in count; the server is stopped at the end.
+Benchmarks are not tests: nothing here runs under pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+try:  # the openai package brings httpx2 (same API) or httpx, depending on its version
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ["harbour", "lantern", "orchard", "glacier", "canyon", "meadow", "compass", "library", "forest", "island"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_request(base: str, i: int, max_tokens: int) -> tuple[float, int, float]:
+    """(time to first token, tokens generated, total time) of one streaming completion."""
+    body = {
+        "model": "bench", "prompt": f"Write a short story about a {WORDS[i % len(WORDS)]} (#{i}).",
+        "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    first, tokens = None, 0
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
+                first = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return (first if first is not None else time.perf_counter() - start), tokens, time.perf_counter() - start
+
+
+def level(base: str, clients: int, per_client: int, max_tokens: int) -> dict:
+    def client(c):
+        return [one_request(base, c * per_client + r, max_tokens) for r in range(per_client)]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - start
+    ttfts = sorted(r[0] for r in results)
+    tokens = sum(r[1] for r in results)
+    return {
+        "concurrency": clients,
+        "requests": len(results),
+        "generated_tokens": tokens,
+        "aggregate_tok_s": tokens / wall,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--levels", default="1,2,4,8")
+    args = ap.parse_args()
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--dtype", args.dtype,
+         "--max-batch", "8", "--ctx", "1024", "--model-name", "bench"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ),
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit("the server did not start: " + server.stderr.read().decode()[-2000:])
+        level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
+        rows = [level(base, int(c), args.requests_per_client, args.max_tokens) for c in args.levels.split(",")]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    one = rows[0]["aggregate_tok_s"]
+    print(f"\nserver load, {args.dtype}, max_tokens {args.max_tokens}, {args.requests_per_client} requests per client, loopback")
+    print("| concurrency | requests | aggregate tok/s | x concurrency 1 | TTFT p50 | TTFT p99 |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['concurrency']} | {r['requests']} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
+              f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
+    out = ROOT / "benchmarks" / "serve_results.json"
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "dtype": args.dtype, "levels": rows}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
