@@ -40,8 +40,8 @@ def free_port() -> int:
 def one_request(base: str, i: int, max_tokens: int) -> tuple[float, int, float]:
     """(time to first token, tokens generated, total time) of one streaming completion."""
     body = {
-        "model": "bench", "prompt": f"Write a short story about a {WORDS[i % len(WORDS)]} (#{i}).",
-        "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True,
+        "model": "bench", "prompt": f"Once upon a time, next to an old {WORDS[i % len(WORDS)]}, there lived",
+        "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True, "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()

@@ -66,6 +66,7 @@ class _Sampling(_Strict):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     stream: bool = False
     stream_options: dict | None = None
     user: str | None = None
@@ -214,7 +215,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
         events: asyncio.Queue = asyncio.Queue()
         try:
             handle = llm.engine.submit(
-                prompt_ids, params, max_tokens, llm.eos_ids, logprobs,
+                prompt_ids, params, max_tokens, () if body.ignore_eos else llm.eos_ids, logprobs,
                 sink=lambda item: loop.call_soon_threadsafe(events.put_nowait, item),
             )
         except QueueFullError as e:
@@ -285,10 +286,14 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
         assembler = TextAssembler(tokenizer, stops)
         if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+
             async def sse():
+                generated = 0
                 try:
                     evs = []
                     async for ev in token_events(handle, events):
+                        generated += 1
                         evs.append(ev)
                         text = assembler.push(ev.token)
                         if text or assembler.stopped:
@@ -298,6 +303,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
                             break
                     tail = assembler.finish()
                     yield _sse(chunk(tail, finish_reason(handle, assembler), evs))
+                    if include_usage:
+                        yield _sse({"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                                    "choices": [], "usage": _usage(len(prompt_ids), generated)})
                 except MiniLLMError as e:
                     yield _sse(APIError(500, str(e), type="server_error").body())
                 yield "data: [DONE]\n\n"
