@@ -9,7 +9,7 @@ from .simd import LANES, dot_chunks, sum_chunks
 EXACT_MATH = {"contract"}  # fused multiply-add allowed, reordering not
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def dot(a, b):
     """sum(a * b) over two 1-D float32 arrays of equal length."""
     n = a.shape[0]
@@ -19,7 +19,7 @@ def dot(a, b):
     return result
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def total(a, n):
     """sum(a[:n]) of a 1-D float32 array."""
     result = sum_chunks(a, n)

@@ -5,7 +5,7 @@ accumulation is always float32.
 """
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ._jit import kernel
 from .lanes import EXACT_MATH
@@ -62,7 +62,7 @@ def matmul(out, x, w, s):
                 out[tt, n] = _tile_dot(tile, n - n0, x, tt)
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")  # 16 calls per register tile: no call overhead
 def _store4(out, t, n, s0, s1, s2, s3, tile, r, x, full):
     """out[t, n..n+3] = the four sums of token t against tile rows r..r+3, tails added."""
     out[t, n] = _finish(s0, tile, r, x, t, full)
@@ -71,7 +71,7 @@ def _store4(out, t, n, s0, s1, s2, s3, tile, r, x, full):
     out[t, n + 3] = _finish(s3, tile, r + 3, x, t, full)
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _finish(total, tile, r, x, t, full):
     """Add the K % LANES tail in sequence, as row_dot does."""
     for k in range(full, x.shape[1]):
@@ -79,7 +79,7 @@ def _finish(total, tile, r, x, t, full):
     return total
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _tile_dot(tile, r, x, t):
     """One widened row against one token, in row_dot's order."""
     K = x.shape[1]

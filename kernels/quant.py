@@ -43,7 +43,7 @@ def weight_at(w, s, n, k):
     raise NotImplementedError
 
 
-@overload(weight_at, jit_options={"fastmath": EXACT_MATH})
+@overload(weight_at, jit_options={"fastmath": EXACT_MATH}, inline="always")
 def _weight_at(w, s, n, k):
     if w.dtype == types.float32:
         return lambda w, s, n, k: w[n, k]

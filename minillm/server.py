@@ -244,6 +244,31 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
             if not finished:
                 handle.cancel()  # the client disconnected, or a stop string ended it early
 
+    async def pieces(handle, events, assembler):
+        """(text, the TokenEvents behind it, final?) as text becomes final; the last item carries
+        the tail. Stops early (cancelling the request) at a stop string."""
+        evs = []
+        async for ev in token_events(handle, events):
+            evs.append(ev)
+            text = assembler.push(ev.token)
+            if text or assembler.stopped:
+                yield text, evs, False
+                evs = []
+            if assembler.stopped:
+                break
+        yield assembler.finish(), evs, True
+
+    async def collect(handle, events, assembler):
+        """The whole text and every TokenEvent, for a non-streaming response."""
+        text, evs = [], []
+        try:
+            async for piece, piece_events, _ in pieces(handle, events, assembler):
+                text.append(piece)
+                evs += piece_events
+        except MiniLLMError as e:
+            raise APIError(500, str(e), type="server_error") from None
+        return "".join(text), evs
+
     def finish_reason(handle, assembler) -> str:
         if assembler.stopped or handle.finish_reason == "stop":
             return "stop"
@@ -291,18 +316,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
             async def sse():
                 generated = 0
                 try:
-                    evs = []
-                    async for ev in token_events(handle, events):
-                        generated += 1
-                        evs.append(ev)
-                        text = assembler.push(ev.token)
-                        if text or assembler.stopped:
-                            yield _sse(chunk(text, None, evs))
-                            evs = []
-                        if assembler.stopped:
-                            break
-                    tail = assembler.finish()
-                    yield _sse(chunk(tail, finish_reason(handle, assembler), evs))
+                    async for text, evs, final in pieces(handle, events, assembler):
+                        generated += len(evs)
+                        yield _sse(chunk(text, finish_reason(handle, assembler) if final else None, evs))
                     if include_usage:
                         yield _sse({"id": rid, "object": "text_completion", "created": now, "model": model_name,
                                     "choices": [], "usage": _usage(len(prompt_ids), generated)})
@@ -312,17 +328,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
             return StreamingResponse(sse(), media_type="text/event-stream")
 
-        text, all_events = [], []
-        try:
-            async for ev in token_events(handle, events):
-                all_events.append(ev)
-                text.append(assembler.push(ev.token))
-                if assembler.stopped:
-                    break
-        except MiniLLMError as e:
-            raise APIError(500, str(e), type="server_error") from None
-        text.append(assembler.finish())
-        result = chunk("".join(text), finish_reason(handle, assembler), all_events)
+        text, all_events = await collect(handle, events, assembler)
+        result = chunk(text, finish_reason(handle, assembler), all_events)
         result["usage"] = _usage(len(prompt_ids), len(all_events))
         return result
 
@@ -363,18 +370,12 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
                 generated = 0
                 try:
                     yield _sse(chunk({"role": "assistant", "content": ""}, None, []))
-                    evs = []
-                    async for ev in token_events(handle, events):
-                        generated += 1
-                        evs.append(ev)
-                        text = assembler.push(ev.token)
-                        if text:
+                    async for text, evs, final in pieces(handle, events, assembler):
+                        generated += len(evs)
+                        if final:
+                            yield _sse(chunk({"content": text} if text else {}, finish_reason(handle, assembler), evs))
+                        elif text:
                             yield _sse(chunk({"content": text}, None, evs))
-                            evs = []
-                        if assembler.stopped:
-                            break
-                    tail = assembler.finish()
-                    yield _sse(chunk({"content": tail} if tail else {}, finish_reason(handle, assembler), evs))
                     if include_usage:
                         yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                                     "choices": [], "usage": _usage(len(prompt_ids), generated)})
@@ -384,19 +385,10 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
             return StreamingResponse(sse(), media_type="text/event-stream")
 
-        text, all_events = [], []
-        try:
-            async for ev in token_events(handle, events):
-                all_events.append(ev)
-                text.append(assembler.push(ev.token))
-                if assembler.stopped:
-                    break
-        except MiniLLMError as e:
-            raise APIError(500, str(e), type="server_error") from None
-        text.append(assembler.finish())
+        text, all_events = await collect(handle, events, assembler)
         return {
             "id": rid, "object": "chat.completion", "created": now, "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": finish_reason(handle, assembler), "logprobs": logprob_block(all_events)}],
             "usage": _usage(len(prompt_ids), len(all_events)),
         }

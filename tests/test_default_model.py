@@ -134,22 +134,3 @@ def test_stop_string_cuts_text(llm):
     cut = llm.generate("1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 6,"])
     assert cut == full[: full.index(" 6,")]
 
-
-def test_two_threads_at_once_neither_crash_nor_mix(llm):
-    """Kernel calls from two Python threads are serialised by the model's lock (Numba's
-    workqueue layer aborts the process when two threads enter a parallel region at once)."""
-    import threading
-
-    prompts = ["The sun is", "My favourite food is"]
-    alone = [llm.generate(p, max_tokens=24, temperature=0) for p in prompts]
-    results = {}
-
-    def worker(i):
-        results[i] = [llm.generate(prompts[i], max_tokens=24, temperature=0) for _ in range(3)]
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert results == {0: [alone[0]] * 3, 1: [alone[1]] * 3}

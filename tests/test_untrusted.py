@@ -435,19 +435,22 @@ def test_fuzz_mutated_files(fuzz_seeds, tmp_path_factory, fmt):
     seed = fuzz_seeds[fmt]
     folder = tmp_path_factory.mktemp(f"fuzz-{fmt}")
     reader = _read_all_safetensors if fmt == "safetensors" else _read_all_gguf
-    counter = iter(range(10**9))
+    outcomes = {"loaded": 0, "rejected": 0}
 
     @FUZZ
     @given(st.lists(mutations(len(seed)), min_size=1, max_size=4))
     def run(ops):
-        path = folder / f"case{next(counter) % 8}.{fmt}"
+        path = folder / f"case{sum(outcomes.values()) % 8}.{fmt}"
         path.write_bytes(mutate(seed, ops))
         try:
             reader(path)
+            outcomes["loaded"] += 1
         except MiniLLMError:
-            pass  # rejected with our error: fine; anything else fails the test
+            outcomes["rejected"] += 1  # rejected with our error: fine; anything else fails the test
 
     run()
+    print(f"{fmt}: {outcomes}")
+    assert sum(outcomes.values()) >= 2000 and outcomes["rejected"] > 0
 
 
 # ------------------------------------------------------------------ interrupted import
