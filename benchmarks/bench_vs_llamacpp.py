@@ -292,9 +292,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--shapes", default="smollm,1b")
+    ap.add_argument("--shapes", default="smollm,1b", help='comma-separated; "render" only rewrites benchmarks/README.md')
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     args = ap.parse_args()
+    if args.shapes == "render":  # rewrite benchmarks/README.md from the last results.json
+        report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+        (ROOT / "benchmarks" / "README.md").write_text(markdown(report))
+        return
     sys.path.insert(0, str(ROOT))
     from minillm.default_model import default_model_dir
 
@@ -324,7 +328,8 @@ def main() -> None:
         report["shapes"]["1b"] = table(med, PAIRS[1:], bandwidth["bandwidth_gb_s"])
         save()
     print_report(report)
-    print(f"\nwrote {out}")
+    (ROOT / "benchmarks" / "README.md").write_text(markdown(report))
+    print(f"\nwrote {out} and benchmarks/README.md")
 
 
 def table(med: dict, pairs, bandwidth: float) -> dict:
@@ -340,6 +345,37 @@ def table(med: dict, pairs, bandwidth: float) -> dict:
         row["decode_bandwidth_share"] = row["decode128"]["minillm"] * row["weight_mb"] * 2**20 / 1e9 / bandwidth
         rows[f"{dtype} vs {gtype.upper()}"] = row
     return rows
+
+
+def markdown(report: dict) -> str:
+    """benchmarks/README.md: the latest table, with its date and machine."""
+    out = [
+        "# Benchmarks",
+        "",
+        "Not tests: timings never run under pytest. `bench_vs_llamacpp.py` builds llama.cpp from",
+        "llama-cpp-python's source (`-DGGML_NATIVE=ON`), converts the same weights to GGUF with the converter",
+        "in that source, and runs minillm and llama.cpp alternately, each run in a fresh process; the table",
+        "holds medians and minillm/llama.cpp ratios from one run. `serve_load.py` loads the HTTP server.",
+        "",
+        f"Latest run: {report['date']}, {report['machine']}, {report['threads']} threads, medians of "
+        f"{report['rounds']} alternating runs. Read bandwidth (parallel Numba row sums over 2 GB): "
+        f"{report['bandwidth_gb_s']:.1f} GB/s.",
+    ]
+    names = {"smollm": "SmolLM2-135M-Instruct (the default model)", "1b": "random ~1.2B Llama (hidden 2048, 16 layers, 32/8 heads, intermediate 8192)"}
+    for shape, rows in report["shapes"].items():
+        out += ["", f"## {names.get(shape, shape)}", "",
+                "| tok/s: minillm / llama.cpp = ratio | prefill 128 | prefill 512 | decode 128 (after 128) | peak RSS | decode share of bandwidth |",
+                "|---|---|---|---|---|---|"]
+        for name, row in rows.items():
+            if name == "transformers":
+                continue
+            cells = [f"{row[m]['minillm']:.0f} / {row[m]['llama.cpp']:.0f} = **{row[m]['ratio']:.2f}**" for m in ("prefill128", "prefill512", "decode128")]
+            out.append(f"| {name} | {' | '.join(cells)} | {row['peak_rss_mb']:.0f} MiB ({row['weight_mb']:.0f} MiB weights) | {row['decode_bandwidth_share'] * 100:.0f}% |")
+        if "transformers" in rows:
+            out += ["", "transformers (torch 2.13, same threads), once:", ""]
+            for dt, r in rows["transformers"].items():
+                out.append(f"- {dt}: prefill 128 {r['prefill128']:.0f}, prefill 512 {r['prefill512']:.0f}, decode {r['decode128']:.1f} tok/s")
+    return "\n".join(out) + "\n"
 
 
 def print_report(report: dict) -> None:
