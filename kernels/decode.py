@@ -15,7 +15,6 @@ Per-layer weights come as numba.typed.List (one array per layer, so memory-mappe
 tensors are used in place); biases stacked (L, N), with N = 0 when the model has none.
 """
 
-import numpy as np
 from numba import prange
 
 from ._jit import kernel

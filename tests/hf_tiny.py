@@ -49,6 +49,6 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
     return oracle
 
 
-def hf_logits(model, tokens) -> "np.ndarray":
+def hf_logits(model, tokens):
     with torch.no_grad():
         return model(torch.tensor([list(tokens)])).logits[0].float().numpy()

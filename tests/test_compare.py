@@ -4,11 +4,10 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import ROOT
-from hf_tiny import hf_logits, make_checkpoint
+from hf_tiny import make_checkpoint
 from minillm.compare import compare, hf_window_scorer, load_oracle, model_window_scorer, perplexity, windows
 from minillm.model import Model
 

@@ -7,7 +7,6 @@ import torch
 
 import minillm
 from minillm.model import Model
-from minillm.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world",

@@ -44,7 +44,7 @@ def test_v4_and_v5_rope_spellings_agree():
 
 
 def test_rope_inv_freq_matches_transformers():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
