@@ -269,6 +269,26 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
             raise APIError(500, str(e), type="server_error") from None
         return "".join(text), evs
 
+    def sse_response(chunks, body, rid, now, kind, prompt_tokens) -> StreamingResponse:
+        """Server-sent events from (chunk, tokens in it) pairs: a usage chunk if asked for, an engine
+        error as an error event, and always `data: [DONE]` last."""
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+        async def events_out():
+            generated = 0
+            try:
+                async for obj, n_tokens in chunks:
+                    generated += n_tokens
+                    yield _sse(obj)
+                if include_usage:
+                    yield _sse({"id": rid, "object": kind, "created": now, "model": model_name,
+                                "choices": [], "usage": _usage(prompt_tokens, generated)})
+            except MiniLLMError as e:
+                yield _sse(APIError(500, str(e), type="server_error").body())
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events_out(), media_type="text/event-stream")
+
     def finish_reason(handle, assembler) -> str:
         if assembler.stopped or handle.finish_reason == "stop":
             return "stop"
@@ -311,22 +331,11 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
         assembler = TextAssembler(tokenizer, stops)
         if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            async def chunks():
+                async for text, evs, final in pieces(handle, events, assembler):
+                    yield chunk(text, finish_reason(handle, assembler) if final else None, evs), len(evs)
 
-            async def sse():
-                generated = 0
-                try:
-                    async for text, evs, final in pieces(handle, events, assembler):
-                        generated += len(evs)
-                        yield _sse(chunk(text, finish_reason(handle, assembler) if final else None, evs))
-                    if include_usage:
-                        yield _sse({"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                                    "choices": [], "usage": _usage(len(prompt_ids), generated)})
-                except MiniLLMError as e:
-                    yield _sse(APIError(500, str(e), type="server_error").body())
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            return sse_response(chunks(), body, rid, now, "text_completion", len(prompt_ids))
 
         text, all_events = await collect(handle, events, assembler)
         result = chunk(text, finish_reason(handle, assembler), all_events)
@@ -364,26 +373,15 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
         assembler = TextAssembler(tokenizer, stops)
         if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            async def chunks():
+                yield chunk({"role": "assistant", "content": ""}, None, []), 0
+                async for text, evs, final in pieces(handle, events, assembler):
+                    if final:
+                        yield chunk({"content": text} if text else {}, finish_reason(handle, assembler), evs), len(evs)
+                    elif text:
+                        yield chunk({"content": text}, None, evs), len(evs)
 
-            async def sse():
-                generated = 0
-                try:
-                    yield _sse(chunk({"role": "assistant", "content": ""}, None, []))
-                    async for text, evs, final in pieces(handle, events, assembler):
-                        generated += len(evs)
-                        if final:
-                            yield _sse(chunk({"content": text} if text else {}, finish_reason(handle, assembler), evs))
-                        elif text:
-                            yield _sse(chunk({"content": text}, None, evs))
-                    if include_usage:
-                        yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
-                                    "choices": [], "usage": _usage(len(prompt_ids), generated)})
-                except MiniLLMError as e:
-                    yield _sse(APIError(500, str(e), type="server_error").body())
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            return sse_response(chunks(), body, rid, now, "chat.completion.chunk", len(prompt_ids))
 
         text, all_events = await collect(handle, events, assembler)
         return {
