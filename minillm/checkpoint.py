@@ -248,9 +248,7 @@ def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) 
     else:
         w = np.empty((N, Kdim), np.int8)
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.float32)
-    step = max(1, CONVERT_CHUNK // max(Kdim, 1))
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
+    for r0, r1 in _row_chunks(N, Kdim):
         rows = f.read_rows(name, r0, r1)
         if check_finite and not np.isfinite(rows).all():
             raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")
@@ -263,10 +261,15 @@ def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) 
     return w, (s if dtype == "int8" else NO_SCALES)
 
 
-def _check_finite(f: SafetensorsFile, name: str, arr: np.ndarray | None) -> None:
-    step = max(1, CONVERT_CHUNK // max(f.tensors[name].shape[1], 1))
-    N = f.tensors[name].shape[0]
+def _row_chunks(N: int, Kdim: int):
+    """(start, stop) row ranges of about CONVERT_CHUNK elements each."""
+    step = max(1, CONVERT_CHUNK // max(Kdim, 1))
     for r0 in range(0, N, step):
-        rows = arr[r0 : r0 + step] if arr is not None else f.read_rows(name, r0, min(N, r0 + step))
+        yield r0, min(N, r0 + step)
+
+
+def _check_finite(f: SafetensorsFile, name: str, arr: np.ndarray | None) -> None:
+    for r0, r1 in _row_chunks(*f.tensors[name].shape):
+        rows = arr[r0:r1] if arr is not None else f.read_rows(name, r0, r1)
         if not np.isfinite(rows).all():
             raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")

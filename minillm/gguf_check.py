@@ -4,7 +4,8 @@ The checks follow llama.cpp's reader as hardened after CVE-2025-53630, CVE-2026-
 CVE-2026-33298: counts bounded by the file size, string and array lengths bounded by the bytes
 left, at most 4 dimensions, known tensor types, byte sizes in Python ints, aligned in-bounds
 non-overlapping tensor data, duplicate keys and tensor names rejected, nesting depth bounded.
-Only after this passes does the `gguf` package (which trusts its input) map the file.
+The import then reads metadata and tensor bytes from the layout returned here; the `gguf`
+package, which trusts its input, only dequantizes bytes at these validated offsets.
 """
 
 from __future__ import annotations

@@ -54,19 +54,13 @@ TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4
 
 
 class _Metadata:
-    """Typed access to GGUF key/value metadata, with errors that name the key."""
+    """Typed access to the checked GGUF metadata, with errors that name the key."""
 
-    def __init__(self, reader, path: Path):
-        self.reader, self.path = reader, path
+    def __init__(self, values: dict, path: Path):
+        self.values, self.path = values, path
 
     def get(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except Exception as e:  # malformed value: the gguf package raises assorted types
-            raise GGUFError(f"{self.path}: metadata {key!r} is malformed: {e}") from None
+        return self.values.get(key, default)
 
     def require(self, key: str, kind):
         value = self.get(key)
@@ -77,15 +71,28 @@ class _Metadata:
         return value
 
 
-def read_gguf(path: Path):
-    try:
-        from gguf import GGUFReader
+def gguf_tensors(path: Path, layout):
+    """(entry, float32 array in HF (row-major) shape) for each tensor of a checked GGUF.
 
-        return GGUFReader(path)
-    except (OSError, MemoryError) as e:
-        raise GGUFError(f"{path}: cannot read: {e}") from None
-    except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on bad files
-        raise GGUFError(f"{path}: not a valid GGUF file: {e}") from None
+    Bytes come from a read-only map at the offsets check_gguf validated; the gguf package only
+    dequantizes them.
+    """
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    for t in layout.tensors:
+        rows = 1
+        for d in t.shape[1:]:
+            rows *= d
+        start = layout.data_start + t.offset
+        raw = np.asarray(data[start : start + t.nbytes]).reshape(rows, t.nbytes // rows)
+        shape = tuple(reversed(t.shape))  # GGUF lists dims innermost first
+        try:
+            w = np.asarray(dequantize(raw, GGMLQuantizationType(t.type)), dtype=np.float32).reshape(shape)
+        except (ValueError, NotImplementedError, TypeError) as e:
+            raise GGUFError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from None
+        yield t, w
 
 
 def hf_config(meta: _Metadata) -> dict:
@@ -166,23 +173,12 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_tensors(reader, config: dict, path: Path, progress: bool):
+def hf_tensors(layout, config: dict, path: Path, progress: bool):
     """Yield (HF name, float32 array) for every tensor of the GGUF."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    tensors = reader.tensors
-    bar = _progress(len(tensors), "importing default model" if progress else None)
-    for t in tensors:
-        name = t.name
-        hf = hf_name(name, path)
-        try:
-            qtype = GGMLQuantizationType(t.tensor_type)
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
-            w = np.asarray(dequantize(t.data, qtype), dtype=np.float32).reshape(shape)
-        except (ValueError, NotImplementedError, TypeError) as e:
-            raise GGUFError(f"{path}: cannot dequantize tensor {name!r}: {e}") from None
+    bar = _progress(len(layout.tensors), "importing default model" if progress else None)
+    for t, w in gguf_tensors(path, layout):
+        hf = hf_name(t.name, path)
         if hf.endswith("q_proj.weight"):
             w = unpermute_qk(w, heads)
         elif hf.endswith("k_proj.weight"):
@@ -307,9 +303,8 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
     gguf_path, dest = Path(gguf_path), Path(dest)
     if dest.exists():
         raise GGUFError(f"{dest}: already exists")
-    layout = check_gguf(gguf_path)  # structure validated before the gguf package maps the file
-    reader = read_gguf(gguf_path)
-    meta = _Metadata(reader, gguf_path)
+    layout = check_gguf(gguf_path)  # everything below reads what this parsed and validated
+    meta = _Metadata(layout.metadata, gguf_path)
     config = hf_config(meta)
     check_tensors(layout, config, gguf_path)
     tokenizer_json = build_tokenizer_json(meta)
@@ -322,7 +317,7 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        tensors = dict(hf_tensors(reader, config, gguf_path, progress))
+        tensors = dict(hf_tensors(layout, config, gguf_path, progress))
         config["tie_word_embeddings"] = "lm_head.weight" not in tensors
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors

@@ -54,9 +54,14 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
 
 
 class Workspace:
-    """Activation buffers for up to `rows` tokens, allocated once."""
+    """Activation buffers for up to `rows` tokens, allocated once.
 
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int):
+    A decode workspace's rows are sequences of a batch, each with its own logits and attention
+    scores; a prefill workspace's rows are tokens of one sequence, which needs one row of logits
+    and one set of scores.
+    """
+
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool):
         f = np.float32
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.rows = rows
@@ -70,12 +75,13 @@ class Workspace:
         self.proj = np.zeros((rows, H), f)  # o_proj / down_proj output before the residual add
         self.gate = np.zeros((rows, I), f)
         self.up = np.zeros((rows, I), f)
-        self.scores = np.zeros((rows * cfg.num_attention_heads, ctx), f)
+        sequences = rows if decode else 1
+        self.scores = np.zeros((sequences * cfg.num_attention_heads, ctx), f)
         self.positions = np.zeros(rows, np.int64)
         self.tokens = np.zeros(rows, np.int64)  # decode: each sequence's token, position, cache slot
         self.pos = np.zeros(rows, np.int64)
         self.slots = np.zeros(rows, np.int64)
-        self.logits = np.zeros((rows, cfg.vocab_size), f)
+        self.logits = np.zeros((sequences, cfg.vocab_size), f)
 
 
 class Model:
@@ -92,7 +98,7 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
         self._lock = threading.Lock()
-        self._decode_ws = Workspace(cfg, 1, self.ctx)
+        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True)
         self._prefill_ws: Workspace | None = None
         self._decode_weights = _decode_weights(cfg, weights)
 
@@ -139,7 +145,7 @@ class Model:
 
     def _prefill_workspace(self) -> Workspace:
         if self._prefill_ws is None:
-            self._prefill_ws = Workspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx)
+            self._prefill_ws = Workspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx, decode=False)
         return self._prefill_ws
 
     def _decode(self, token: int, cache: KVCache) -> np.ndarray:
@@ -161,7 +167,7 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = Workspace(self.config, B, self.ctx)
+                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True)
             ws = self._decode_ws
             ws.tokens[:B] = tokens
             ws.pos[:B] = [c.length for c in caches]
