@@ -44,7 +44,7 @@ def _reduce(builder, acc):
     return builder.fadd(builder.extract_element(v, I64(0)), builder.extract_element(v, I64(1)))
 
 
-def _reduce16(builder, accs):
+def _reduce16_vector(builder, accs):
     """_reduce of 16 accumulators at once, by transposing shuffles: the same additions on the same
     pairs (so bit-identical results), 15 vector adds instead of 16 separate trees."""
 
@@ -61,7 +61,12 @@ def _reduce16(builder, accs):
     lo = [o + i for o in range(0, 32, 4) for i in range(2)]
     lvl = [combine(lvl[2 * p], lvl[2 * p + 1], lo, [i + 2 for i in lo]) for p in range(2)]
     # level 4: u0 + u1, sixteen outputs
-    (result,) = [combine(lvl[0], lvl[1], list(range(0, 32, 2)), list(range(1, 32, 2)))]
+    return combine(lvl[0], lvl[1], list(range(0, 32, 2)), list(range(1, 32, 2)))
+
+
+def _reduce16(builder, accs):
+    """_reduce of 16 accumulators at once (see _reduce16_vector), as 16 floats."""
+    result = _reduce16_vector(builder, accs)
     return [builder.extract_element(result, I64(j)) for j in range(LANES)]
 
 
@@ -90,31 +95,36 @@ def _load_int8(builder, qptr, sptr, i):
     return builder.fmul(builder.sitofp(raw, VEC), splat)
 
 
-def _chunk_loop(builder, n, n_acc, body):
-    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs). Returns the final accumulators."""
-    full = builder.and_(n, I64(-LANES))
+def _loop(builder, start, stop, step, inits, body):
+    """for i in range(start, stop, step) (i < stop checked before each step): values = body(i, values).
+    Returns the final values."""
     entry = builder.block
-    header = builder.append_basic_block("chunks")
-    loop = builder.append_basic_block("chunk")
-    done = builder.append_basic_block("chunks_done")
+    header = builder.append_basic_block("loop")
+    loop = builder.append_basic_block("step")
+    done = builder.append_basic_block("loop_done")
     builder.branch(header)
     builder.position_at_end(header)
     i = builder.phi(I64)
-    i.add_incoming(I64(0), entry)
-    accs = []
-    for _ in range(n_acc):
-        acc = builder.phi(VEC)
-        acc.add_incoming(ir.Constant(VEC, [0.0] * LANES), entry)
-        accs.append(acc)
-    builder.cbranch(builder.icmp_signed("<", i, full), loop, done)
+    i.add_incoming(start, entry)
+    values = []
+    for init in inits:
+        phi = builder.phi(init.type)
+        phi.add_incoming(init, entry)
+        values.append(phi)
+    builder.cbranch(builder.icmp_signed("<", builder.add(i, I64(step - 1)), stop), loop, done)
     builder.position_at_end(loop)
-    new = body(i, accs)
-    for acc, value in zip(accs, new):
-        acc.add_incoming(value, builder.block)
-    i.add_incoming(builder.add(i, I64(LANES)), builder.block)
+    new = body(i, values)
+    for phi, value in zip(values, new):
+        phi.add_incoming(value, builder.block)
+    i.add_incoming(builder.add(i, I64(step)), builder.block)
     builder.branch(header)
     builder.position_at_end(done)
-    return accs
+    return values
+
+
+def _chunk_loop(builder, n, n_acc, body):
+    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs). Returns the final accumulators."""
+    return _loop(builder, I64(0), builder.and_(n, I64(-LANES)), LANES, [ir.Constant(VEC, [0.0] * LANES)] * n_acc, body)
 
 
 def _i64(builder, value, ty):
@@ -154,32 +164,67 @@ def sum_chunks(typingctx, a, n):
     return sig, codegen
 
 
+def _weight_row(context, builder, wty, sty, w, s, n):
+    """A loader for weight row n (f32 / bf16 bits / int8 + scales): i -> 16 float32 weights."""
+    warr = context.make_array(wty)(context, builder, w)
+    K = builder.extract_value(warr.shape, 1)
+    row = builder.mul(n, K)
+    if wty.dtype == types.float32:
+        pw = builder.gep(warr.data, [row], source_etype=F32)
+        return lambda i: _load_f32(builder, pw, i)
+    if wty.dtype == types.uint16:
+        pw = builder.gep(warr.data, [row], source_etype=ir.IntType(16))
+        return lambda i: _load_bf16(builder, pw, i)
+    pw = builder.gep(warr.data, [row], source_etype=ir.IntType(8))
+    sarr = context.make_array(sty)(context, builder, s)
+    ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=F32)
+    return lambda i: _load_int8(builder, pw, ps, i)
+
+
+def _weight_k(context, builder, wty, w):
+    return builder.extract_value(context.make_array(wty)(context, builder, w).shape, 1)
+
+
 @intrinsic
 def weight_dot_chunks(typingctx, w, s, n, x):
     """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, full chunks."""
     sig = types.float32(w, s, n, x)
-    dtype = w.dtype
 
     def codegen(context, builder, signature, args):
         wty, sty, _, xty = signature.args
-        warr = context.make_array(wty)(context, builder, args[0])
-        K = builder.extract_value(warr.shape, 1)
-        row = builder.mul(_i64(builder, args[2], None), K)
+        load = _weight_row(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
         px = _data(context, builder, xty, args[3], I64(0), F32)
-        if dtype == types.float32:
-            pw = builder.gep(warr.data, [row], source_etype=F32)
-            load = lambda i: _load_f32(builder, pw, i)
-        elif dtype == types.uint16:
-            pw = builder.gep(warr.data, [row], source_etype=ir.IntType(16))
-            load = lambda i: _load_bf16(builder, pw, i)
-        else:
-            pw = builder.gep(warr.data, [row], source_etype=ir.IntType(8))
-            sarr = context.make_array(sty)(context, builder, args[1])
-            srow = builder.mul(_i64(builder, args[2], None), builder.extract_value(sarr.shape, 1))
-            ps = builder.gep(sarr.data, [srow], source_etype=F32)
-            load = lambda i: _load_int8(builder, pw, ps, i)
+        K = _weight_k(context, builder, wty, args[0])
         (acc,) = _chunk_loop(builder, K, 1, lambda i, accs: [_fma(builder, load(i), _load_f32(builder, px, i), accs[0])])
         return _reduce(builder, acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def rows_dot4(typingctx, out, o, w, s, n, x):
+    """out[o + i] = weight_dot_chunks(w, s, n + i, x) for i < 4: four rows streamed side by side
+    (four independent FMA chains and memory streams, one load of x per chunk), each summed in
+    exactly the single-row order. `out` is a C-contiguous array, `o` a flat element offset.
+    """
+    sig = types.void(out, o, w, s, n, x)
+
+    def codegen(context, builder, signature, args):
+        oty, _, wty, sty, _, xty = signature.args
+        n = _i64(builder, args[4], None)
+        loads = [_weight_row(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
+        px = _data(context, builder, xty, args[5], I64(0), F32)
+        po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
+        K = _weight_k(context, builder, wty, args[2])
+
+        def body(i, accs):
+            xv = _load_f32(builder, px, i)
+            return [_fma(builder, load(i), xv, acc) for load, acc in zip(loads, accs)]
+
+        accs = _chunk_loop(builder, K, 4, body)
+        for r, acc in enumerate(accs):
+            builder.store(_reduce(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -214,5 +259,89 @@ def tile_dot_4x4(typingctx, tile, r, x, t):
 
         accs = _chunk_loop(builder, K, 16, body)
         return context.make_tuple(builder, signature.return_type, _reduce16(builder, accs))
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_rows16(typingctx, out, o, a, a_off, b, b_off, stride, n):
+    """out[o + i] = fixed-order sum of a[a_off + k] * b[b_off + i * stride + k] over the full
+    chunks of k < n, for i < 16: one vector against 16 rows (attention scores for 16 keys).
+
+    Each result equals dot_chunks of the same pair; the 16 trees share one transposing reduction.
+    """
+    sig = types.void(out, o, a, a_off, b, b_off, stride, n)
+
+    def codegen(context, builder, signature, args):
+        po = _data(context, builder, signature.args[0], args[0], _i64(builder, args[1], None), F32)
+        pa = _data(context, builder, signature.args[2], args[2], _i64(builder, args[3], None), F32)
+        pb = _data(context, builder, signature.args[4], args[4], _i64(builder, args[5], None), F32)
+        stride = _i64(builder, args[6], None)
+        rows = [builder.gep(pb, [builder.mul(stride, I64(i))], source_etype=F32) for i in range(LANES)]
+
+        def body(i, accs):
+            av = _load_f32(builder, pa, i)
+            return [_fma(builder, av, _load_f32(builder, r, i), acc) for r, acc in zip(rows, accs)]
+
+        accs = _chunk_loop(builder, _i64(builder, args[7], None), LANES, body)
+        builder.store(_reduce16_vector(builder, accs), builder.bitcast(po, VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def weighted_rows(typingctx, out, p, v, v_off, n, stride):
+    """out[d] = sum over j < n of p[j] * v[v_off + j * stride + d], for d in the full chunks of
+    d < stride (attention's probabilities times values).
+
+    Each output is two sequential sums, over even and over odd j, added at the end: independent
+    FMA chains in a fixed order. Rows are read whole, 64 columns (4 chunks) at a time.
+    """
+    sig = types.void(out, p, v, v_off, n, stride)
+
+    def codegen(context, builder, signature, args):
+        po = _data(context, builder, signature.args[0], args[0], I64(0), F32)
+        pp = _data(context, builder, signature.args[1], args[1], I64(0), F32)
+        pv = _data(context, builder, signature.args[2], args[2], _i64(builder, args[3], None), F32)
+        n, stride = _i64(builder, args[4], None), _i64(builder, args[5], None)
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        full = builder.and_(stride, I64(-LANES))
+        group = 4 * LANES
+
+        def splat(j):
+            pj = builder.load(builder.gep(pp, [j], source_etype=F32), typ=F32, align=4)
+            vec = builder.insert_element(ir.Constant(VEC, ir.Undefined), pj, I32(0))
+            return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+
+        def term(pj, j, c, acc):
+            return _fma(builder, pj, _load_f32(builder, pv, builder.add(builder.mul(j, stride), c)), acc)
+
+        def columns(c0, width):
+            """Outputs c0 .. c0 + 16 * width: accumulators (even, odd) per chunk."""
+            cols = [builder.add(c0, I64(LANES * i)) for i in range(width)]
+
+            def pair(j, accs):
+                j1 = builder.add(j, I64(1))
+                p0, p1 = splat(j), splat(j1)
+                new = []
+                for i, c in enumerate(cols):
+                    new += [term(p0, j, c, accs[2 * i]), term(p1, j1, c, accs[2 * i + 1])]
+                return new
+
+            def last(j, accs):  # n odd: the last key joins the even sum
+                pj = splat(j)
+                return [term(pj, j, cols[i // 2], a) if i % 2 == 0 else a for i, a in enumerate(accs)]
+
+            accs = _loop(builder, I64(0), builder.and_(n, I64(-2)), 2, [zero] * (2 * width), pair)
+            accs = _loop(builder, builder.and_(n, I64(-2)), n, 1, accs, last)
+            for i, c in enumerate(cols):
+                total = builder.fadd(accs[2 * i], accs[2 * i + 1])
+                builder.store(total, builder.bitcast(builder.gep(po, [c], source_etype=F32), VEC.as_pointer()), align=4)
+            return []
+
+        _loop(builder, I64(0), full, group, [], lambda c, _: columns(c, 4))
+        _loop(builder, builder.and_(full, I64(-group)), full, LANES, [], lambda c, _: columns(c, 1))
+        return context.get_dummy_value()
 
     return sig, codegen

@@ -2,15 +2,17 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import kernel
+from .expf import exp_f32
+from .lanes import EXACT_MATH
 
 
-@njit(cache=True, inline="always")  # once per element: no call overhead
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")  # once per element: no call overhead
 def silu_mul(g, u):
     """silu(g) * u with silu(g) = g * sigmoid(g), in float32."""
-    return g / (np.float32(1.0) + np.exp(-g)) * u
+    return g / (np.float32(1.0) + exp_f32(-g)) * u
 
 
-@kernel()
+@kernel(fastmath=EXACT_MATH)
 def swiglu(out, gate, up):
     """out = silu(gate) * up.  All (T, I); out may alias gate."""
     T, I = gate.shape

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numba
 import numpy as np
 from numba.typed import List
 
@@ -76,7 +77,9 @@ class Workspace:
         self.gate = np.zeros((rows, I), f)
         self.up = np.zeros((rows, I), f)
         sequences = rows if decode else 1
-        self.scores = np.zeros((sequences * cfg.num_attention_heads, ctx), f)
+        # decode: a row per (sequence, head); prefill: a row per thread (kernels.attention)
+        score_rows = rows * cfg.num_attention_heads if decode else numba.config.NUMBA_NUM_THREADS
+        self.scores = np.zeros((score_rows, ctx), f)
         self.positions = np.zeros(rows, np.int64)
         self.tokens = np.zeros(rows, np.int64)  # decode: each sequence's token, position, cache slot
         self.pos = np.zeros(rows, np.int64)
@@ -178,7 +181,10 @@ class Model:
         return ws.logits[:B]
 
     def _decode_kernel(self, ws: "Workspace", B: int, k_pool, v_pool) -> None:
-        buffers = (ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.gate[:B], ws.scores[: B * self.config.num_attention_heads])
+        buffers = (
+            ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.proj[:B], ws.gate[:B], ws.up[:B],
+            ws.scores[: B * self.config.num_attention_heads],
+        )
         K.decode_batch(
             ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, *self._decode_weights,
             k_pool, v_pool, self.cos, self.sin, self.config.rms_norm_eps,

@@ -1,9 +1,11 @@
 """Each Numba kernel against a plain NumPy reference, on odd shapes (not multiples of 8 or 16)."""
 
+import numba
 import numpy as np
 import pytest
 
 import kernels as K
+from kernels.expf import exp_f32
 
 RNG = np.random.default_rng(0)
 NO_S = np.zeros((1, 1), np.float32)
@@ -102,14 +104,14 @@ def test_rope_tables_match_angles():
 
 @pytest.mark.parametrize(
     "T,nh,nkv,hd,pos0",
-    [(1, 1, 1, 2, 0), (1, 9, 3, 14, 21), (5, 6, 2, 10, 0), (7, 5, 5, 6, 9), (11, 4, 1, 18, 3)],
+    [(1, 1, 1, 2, 0), (1, 9, 3, 14, 21), (5, 6, 2, 10, 0), (7, 5, 5, 6, 9), (11, 4, 1, 18, 3), (13, 6, 2, 64, 50)],
 )
 def test_attention(T, nh, nkv, hd, pos0):
-    ctx = 37
+    ctx = 67
     k_cache, v_cache = rand(nkv, ctx, hd), rand(nkv, ctx, hd)
     q = rand(T, nh * hd)
     out = np.empty_like(q)
-    scores = np.empty((nh, ctx), np.float32)
+    scores = np.empty((numba.config.NUMBA_NUM_THREADS, ctx), np.float32)  # a row per thread
     K.attention(out, q, k_cache, v_cache, pos0, scores)
     np.testing.assert_allclose(out, ref_attention(q, k_cache, v_cache, pos0), rtol=1e-5, atol=1e-5)
 
@@ -132,3 +134,26 @@ def test_swiglu(T, I):
     out = np.empty_like(gate)
     K.swiglu(out, gate, up)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@numba.njit(fastmath={"contract"})
+def _exp_all(out, x):
+    for i in range(x.shape[0]):
+        out[i] = exp_f32(x[i])
+
+
+def test_exp_f32_within_two_ulp_and_special_values():
+    """The softmax/SiLU exp against float64 exp, over its whole range and at the edges."""
+    x = np.concatenate([RNG.uniform(-110, 90, 200_000), RNG.uniform(-2, 2, 100_000)]).astype(np.float32)
+    out = np.empty_like(x)
+    _exp_all(out, x)
+    exact = np.exp(x.astype(np.float64))
+    with np.errstate(over="ignore"):
+        rounded = exact.astype(np.float32)
+    normal = np.isfinite(rounded) & (rounded >= np.finfo(np.float32).tiny)
+    ulps = np.abs(out[normal] - exact[normal]) / np.spacing(rounded[normal])
+    assert ulps.max() <= 2
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 88.8, -104.0, -200.0], np.float32)
+    got = np.empty_like(special)
+    _exp_all(got, special)
+    np.testing.assert_array_equal(got, np.array([1, 1, np.inf, 0, np.nan, np.inf, 0, 0], np.float32))
