@@ -7,8 +7,7 @@ five parallel loops (QKV, attention, o-proj, gate/up, down) with the small seria
 RoPE, the cache writes) between them, on the same row helpers as the prefill kernels.
 
 Batching: each weight row is read once per step and applied to every sequence while it sits in
-L1 (decode is bound by reading weights, so B sequences cost little more than one). Rows are
-streamed four at a time, inlined (a call per row cost ~15% of the step). Each sequence has its
+L1 (decode is bound by reading weights, so B sequences cost little more than one). Each sequence has its
 own cache slot and position. Every sum is in row_dot's fixed order, so a sequence's logits do
 not depend on what else is in the batch, nor on the path (prefill or decode).
 
@@ -21,10 +20,10 @@ from numba import njit, prange
 from ._jit import kernel
 from .attention import attend
 from .lanes import EXACT_MATH
-from .quant import row_dot, row_get, weight_at
+from .quant import row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
-from .simd import LANES, rows_dot4
+from .simd import LANES, weight_dot_chunks
 from .swiglu import silu_mul
 
 ROWS_PER_TASK = 16
@@ -34,25 +33,20 @@ ROWS_PER_TASK = 16
 def _linear_rows(out, col, w, s, task, xs):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b.
 
-    Four rows at a time (kernels.simd.rows_dot4), each summed in row_dot's order: the chunks,
-    then the K % 16 tail in sequence. While four rows sit in L1, every sequence uses them.
+    The dot product is inlined (the kernels.simd intrinsic, not a call per row, which cost ~15%)
+    and summed in row_dot's order: the chunks, then the K % 16 tail in sequence. One row at a
+    time, so the task reads one contiguous stream (interleaving rows measured slower); while a
+    row sits in L1, every sequence uses it.
     """
     N, K = w.shape
-    n0 = task * ROWS_PER_TASK
-    n1 = min(N, n0 + ROWS_PER_TASK)
-    B, stride = xs.shape[0], out.shape[1]
+    n1 = min(N, (task + 1) * ROWS_PER_TASK)
     full = K - K % LANES
-    n = n0
-    while n + 4 <= n1:
-        for b in range(B):
-            rows_dot4(out, b * stride + col + n, w, s, n, xs[b])
-            for i in range(n, n + 4):
-                for k in range(full, K):
-                    out[b, col + i] += weight_at(w, s, i, k) * xs[b, k]
-        n += 4
-    for i in range(n, n1):
-        for b in range(B):
-            out[b, col + i] = row_dot(w, s, i, xs[b])
+    for n in range(task * ROWS_PER_TASK, n1):
+        for b in range(xs.shape[0]):
+            total = weight_dot_chunks(w, s, n, xs[b])
+            for k in range(full, K):
+                total += weight_at(w, s, n, k) * xs[b, k]
+            out[b, col + n] = total
 
 
 @kernel(fastmath=EXACT_MATH)
