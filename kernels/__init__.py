@@ -6,7 +6,7 @@ query/KV heads, hd head dim, ctx cache length. Weight matrices come at any preci
 `quant` (float32, bfloat16 bits, int8 blocks + scales); activations and sums are float32.
 """
 
-from .attention import attend, attention, kv_write
+from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .decode import decode_batch
 from .matmul import add_bias, matmul, matvec
 from .quant import QBLOCK, dequantize, gather_rows, quantize_int8, to_bf16
@@ -15,7 +15,7 @@ from .rope import rope, rope_row, rope_tables
 from .swiglu import swiglu
 
 __all__ = [
-    "attend", "attention", "kv_write", "decode_batch", "add_bias", "matmul", "matvec",
+    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "decode_batch", "add_bias", "matmul", "matvec",
     "QBLOCK", "dequantize", "gather_rows", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
     "rope", "rope_row", "rope_tables", "swiglu",
 ]

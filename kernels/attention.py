@@ -6,7 +6,7 @@ from numba import get_thread_id, prange
 from ._jit import kernel
 from .lanes import EXACT_MATH, total
 from .expf import exp_f32
-from .simd import LANES, dot_chunks, dot_rows16, weighted_rows
+from .simd import LANES, dot_4x4_into, dot_chunks, dot_rows16, weighted_rows
 
 
 @kernel(parallel=False)
@@ -25,18 +25,27 @@ def attend(out, q, keys, values, n_keys, s):
     """One query head: out (hd,) = softmax(keys[:n] q * hd**-0.5) values[:n].
 
     keys, values: (ctx, hd) of the query's KV head; s: (>= n_keys,) scratch.
-    Softmax in float32: exp(s - max) / sum, as torch does. Scores come 16 keys at a time (one
-    shared reduction); the exp is plain arithmetic (kernels.expf), so those loops vectorise.
+    Scores come 16 keys at a time (one shared reduction).
     """
     hd = q.shape[0]
-    scale = np.float32(hd**-0.5)
-    full = hd - hd % LANES
     j = 0
     while j + LANES <= n_keys:
         dot_rows16(s, j, q, 0, keys, j * hd, hd, hd)  # keys: (ctx, hd) contiguous, row j at j * hd
         j += LANES
     for j in range(j, n_keys):
         s[j] = dot_chunks(q, 0, keys, j * hd, hd)
+    _softmax_values(out, s, q, keys, values, n_keys)
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def _softmax_values(out, s, q, keys, values, n_keys):
+    """The rest of attend once s[:n_keys] holds the scores' full-chunk sums: their hd % 16 tails,
+    the scale, softmax in float32 (exp(s - max) / sum, as torch does) and the weighted values.
+    The exp is plain arithmetic (kernels.expf), so those loops vectorise.
+    """
+    hd = q.shape[0]
+    scale = np.float32(hd**-0.5)
+    full = hd - hd % LANES
     m = np.float32(-np.inf)
     for j in range(n_keys):
         score = s[j]
@@ -62,21 +71,44 @@ def attend(out, q, keys, values, n_keys, s):
         out[d] = even + odd
 
 
+QUERIES_PER_TASK = 4
+
+
 @kernel(fastmath=EXACT_MATH)
 def attention(out, q, k_cache, v_cache, pos0, scores):
     """out (T, nh * hd) = causal softmax attention of q (T, nh * hd) over the cache.
 
     Query t sits at position pos0 + t and sees cache positions 0..pos0 + t. Query head h reads
-    KV head h // n_rep (GQA without copying KV heads). scores: (>= threads, ctx) scratch, one row
-    per thread.
+    KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
+    rows per thread.
+
+    A task is 4 consecutive queries of one head: their scores come from 4 x 4 register tiles, so
+    each key is loaded once for four queries. Every score, and so every output, equals what
+    attend gives one query alone (the decode path), bit for bit.
     """
-    nkv, _, hd = k_cache.shape
+    nkv, ctx, hd = k_cache.shape
     T = q.shape[0]
     nh = q.shape[1] // hd
     n_rep = nh // nkv
-    # One task per (head, query); every head costs the same, so an even split balances threads
-    for task in prange(nh * T):
-        h = task // T
-        t = task % T
+    QT = QUERIES_PER_TASK
+    n_blocks = (T + QT - 1) // QT
+    # Every head costs the same, so an even split of (head, block) tasks balances threads
+    for task in prange(nh * n_blocks):
+        h = task // n_blocks
+        t0 = (task % n_blocks) * QT
+        nq = min(QT, T - t0)
         lo = h * hd
-        attend(out[t, lo : lo + hd], q[t, lo : lo + hd], k_cache[h // n_rep], v_cache[h // n_rep], pos0 + t + 1, scores[get_thread_id()])
+        keys = k_cache[h // n_rep]
+        values = v_cache[h // n_rep]
+        row0 = get_thread_id() * QT
+        j = 0
+        if nq == QT:
+            while j + 4 <= pos0 + t0 + QT:
+                dot_4x4_into(scores, row0 * ctx + j, ctx, q, t0 * q.shape[1] + lo, q.shape[1], keys, j * hd, hd, hd)
+                j += 4
+        for i in range(nq):
+            for jj in range(j, pos0 + t0 + i + 1):
+                scores[row0 + i, jj] = dot_chunks(q, (t0 + i) * q.shape[1] + lo, keys, jj * hd, hd)
+        for i in range(nq):
+            t = t0 + i
+            _softmax_values(out[t, lo : lo + hd], scores[row0 + i], q[t, lo : lo + hd], keys, values, pos0 + t + 1)

