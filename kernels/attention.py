@@ -6,7 +6,7 @@ from numba import get_thread_id, prange
 from ._jit import kernel
 from .lanes import EXACT_MATH, total
 from .expf import exp_f32
-from .simd import LANES, dot_4x4_into, dot_chunks, dot_rows16, weighted_rows
+from .simd import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, weighted_rows
 
 
 @kernel(parallel=False)
@@ -46,14 +46,15 @@ def _softmax_values(out, s, q, keys, values, n_keys):
     hd = q.shape[0]
     scale = np.float32(hd**-0.5)
     full = hd - hd % LANES
-    m = np.float32(-np.inf)
+    if full < hd:
+        for j in range(n_keys):
+            for d in range(full, hd):
+                s[j] += q[d] * keys[j, d]
     for j in range(n_keys):
-        score = s[j]
-        for d in range(full, hd):
-            score += q[d] * keys[j, d]
-        score = score * scale
-        s[j] = score
-        m = max(m, score)
+        s[j] = s[j] * scale
+    m = max_chunks(s, n_keys)  # in vectors: a running max is a serial chain
+    for j in range(n_keys - n_keys % LANES, n_keys):
+        m = max(m, s[j])
     for j in range(n_keys):
         s[j] = exp_f32(s[j] - m)
     norm = total(s, n_keys)

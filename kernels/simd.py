@@ -350,3 +350,23 @@ def weighted_rows(typingctx, out, p, v, v_off, n, stride):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def max_chunks(typingctx, a, n):
+    """max(a[k]) over the full chunks of k < n (-inf if none); NaNs are skipped, as by fmax."""
+    sig = types.float32(a, n)
+
+    def codegen(context, builder, signature, args):
+        pa = _data(context, builder, signature.args[0], args[0], I64(0), F32)
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
+        init = ir.Constant(VEC, [float("-inf")] * LANES)
+        (acc,) = _loop(builder, I64(0), builder.and_(_i64(builder, args[1], None), I64(-LANES)), LANES, [init],
+                       lambda i, accs: [builder.call(vmax, [accs[0], _load_f32(builder, pa, i)])])
+        smax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, F32]), "llvm.maxnum.f32")
+        result = builder.extract_element(acc, I64(0))
+        for j in range(1, LANES):
+            result = builder.call(smax, [result, builder.extract_element(acc, I64(j))])
+        return result
+
+    return sig, codegen
