@@ -217,6 +217,35 @@ def _tile_4x4(builder, rows, cols, n):
 
 
 @intrinsic
+def rows_dot4(typingctx, out, o, w, s, n, x):
+    """out[o + i] = weight_dot_chunks(w, s, n + i, x) for i < 4: four rows streamed side by side
+    (four independent FMA chains and memory streams, one load of x per chunk), each summed in
+    exactly the single-row order. `out` is a C-contiguous array, `o` a flat element offset.
+    Faster than one row at a time for float32 rows; slower for bfloat16 and int8 (measured).
+    """
+    sig = types.void(out, o, w, s, n, x)
+
+    def codegen(context, builder, signature, args):
+        oty, _, wty, sty, _, xty = signature.args
+        n = _i64(builder, args[4], None)
+        loads = [_weight_row(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
+        px = _data(context, builder, xty, args[5], I64(0), F32)
+        po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
+        K = _weight_k(context, builder, wty, args[2])
+
+        def body(i, accs):
+            xv = _load_f32(builder, px, i)
+            return [_fma(builder, load(i), xv, acc) for load, acc in zip(loads, accs)]
+
+        accs = _chunk_loop(builder, K, 4, body)
+        for r, acc in enumerate(accs):
+            builder.store(_reduce(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def tile_dot_4x4(typingctx, tile, r, x, t):
     """Rows r..r+3 of a float32 tile against tokens t..t+3 of x, full chunks: 16 sums.
 
