@@ -72,6 +72,17 @@ def _linear_rows(out, col, w, s, task, xs):
             out[b, col + i] = total
 
 
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _add_residual(x, proj, bias, l):
+    """x += proj (+ layer l's bias row, when the model has biases: bias is (L, 0) otherwise)."""
+    for b in range(x.shape[0]):
+        for n in range(x.shape[1]):
+            y = proj[b, n]
+            if bias.shape[1] > 0:
+                y += bias[l, n]
+            x[b, n] += y
+
+
 @kernel(fastmath=EXACT_MATH)
 def decode_batch(
     logits,  # (B, V) out
@@ -146,12 +157,7 @@ def decode_batch(
             attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv], v_pool[slots[b], l, kv], positions[b] + 1, scores[bh])
         for task in prange(th):
             _linear_rows(proj, 0, wo_l, so_l, task, att)
-        for b in range(B):
-            for n in range(H):
-                y = proj[b, n]
-                if b_o.shape[1] > 0:
-                    y += b_o[l, n]
-                x[b, n] += y
+        _add_residual(x, proj, b_o, l)
 
         # x = h + mlp(rmsnorm(h))
         for b in range(B):
@@ -171,12 +177,7 @@ def decode_batch(
                 gate[b, n] = silu_mul(g, u)
         for task in prange(th):
             _linear_rows(proj, 0, wd_l, sd_l, task, gate)
-        for b in range(B):
-            for n in range(H):
-                y = proj[b, n]
-                if b_d.shape[1] > 0:
-                    y += b_d[l, n]
-                x[b, n] += y
+        _add_residual(x, proj, b_d, l)
 
     for b in range(B):
         rmsnorm_row(xn[b], x[b], final_norm, eps)
