@@ -4,12 +4,12 @@ in a single Numba call.
 At 135M parameters a step takes a few milliseconds, so hundreds of Python-to-Numba calls per
 token would cost a large share of it. Here Python calls once per step; inside, each layer runs
 five parallel loops (QKV, attention, o-proj, gate/up, down) with the small serial pieces (norms,
-RoPE, the cache writes) between them, on the same row helpers as the prefill kernels.
+RoPE, the cache writes) between them, in the same fixed-order sums as the prefill kernels.
 
 Batching: each weight row is read once per step and applied to every sequence while it sits in
-L1 (decode is bound by reading weights, so B sequences cost little more than one). Each sequence has its
-own cache slot and position. Every sum is in row_dot's fixed order, so a sequence's logits do
-not depend on what else is in the batch, nor on the path (prefill or decode).
+L1 (decode is bound by reading weights, so B sequences cost little more than one). Each sequence
+has its own cache slot and position. Every sum is in row_dot's fixed order, so a sequence's
+logits do not depend on what else is in the batch, nor on the path (prefill or decode).
 
 Per-layer weights come as numba.typed.List (one array per layer, so memory-mapped checkpoint
 tensors are used in place); biases stacked (L, N), with N = 0 when the model has none.

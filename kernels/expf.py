@@ -15,6 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .lanes import EXACT_MATH
+from .quant import _bits_as_f32
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # ln 2 = hi + lo; hi has few bits, so n * hi is exact
@@ -38,17 +39,10 @@ def fma(typingctx, a, b, c):
     return sig, codegen
 
 
-@intrinsic
-def _pow2(typingctx, n):
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _pow2(n):
     """2.0**n as float32 for integer n in [-126, 127], by building the exponent bits."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        i32 = context.get_value_type(types.int32)
-        bits = builder.shl(builder.add(args[0], i32(127)), i32(23))
-        return builder.bitcast(bits, context.get_value_type(types.float32))
-
-    return sig, codegen
+    return _bits_as_f32(np.uint32(n + 127) << np.uint32(23))
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
