@@ -164,21 +164,61 @@ def sum_chunks(typingctx, a, n):
     return sig, codegen
 
 
-def _weight_row(context, builder, wty, sty, w, s, n):
-    """A loader for weight row n (f32 / bf16 bits / int8 + scales): i -> 16 float32 weights."""
-    warr = context.make_array(wty)(context, builder, w)
-    K = builder.extract_value(warr.shape, 1)
-    row = builder.mul(n, K)
-    if wty.dtype == types.float32:
-        pw = builder.gep(warr.data, [row], source_etype=F32)
-        return lambda i: _load_f32(builder, pw, i)
-    if wty.dtype == types.uint16:
-        pw = builder.gep(warr.data, [row], source_etype=ir.IntType(16))
-        return lambda i: _load_bf16(builder, pw, i)
-    pw = builder.gep(warr.data, [row], source_etype=ir.IntType(8))
-    sarr = context.make_array(sty)(context, builder, s)
-    ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=F32)
-    return lambda i: _load_int8(builder, pw, ps, i)
+# Weight loops ask for the data this many bytes ahead (into the next rows, past a row's end),
+# once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts on every
+# row.
+PREFETCH_BYTES = 2048
+LINE_BYTES = 64
+
+
+def _prefetch(builder, ptr):
+    """A read prefetch of ptr's cache line into all levels; never faults, even past an array's end."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), I32(0), I32(3), I32(1)])
+
+
+class _WeightRow:
+    """Weight row n (f32 / bf16 bits / int8 + scales): load(i) -> 16 float32 weights from
+    element i; prefetch(i) asks for the line PREFETCH_BYTES past element i."""
+
+    def __init__(self, context, builder, wty, sty, w, s, n):
+        warr = context.make_array(wty)(context, builder, w)
+        K = builder.extract_value(warr.shape, 1)
+        self.builder = builder
+        self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
+        self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
+        if wty.dtype == types.float32:
+            self.load = lambda i: _load_f32(builder, self.ptr, i)
+        elif wty.dtype == types.uint16:
+            self.load = lambda i: _load_bf16(builder, self.ptr, i)
+        else:
+            sarr = context.make_array(sty)(context, builder, s)
+            ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=F32)
+            self.load = lambda i: _load_int8(builder, self.ptr, ps, i)
+
+    def prefetch(self, i):
+        ahead = self.builder.add(i, I64(PREFETCH_BYTES // self.width))
+        _prefetch(self.builder, self.builder.gep(self.ptr, [ahead], source_etype=self.elem))
+
+
+def _weight_loop(builder, rows, K, body):
+    """_chunk_loop over weight rows of length K, one accumulator per row, with one prefetch per
+    row and 64-byte line: the chunks of a line (1 for float32, 2 for bfloat16, 4 for int8) run
+    in one step, in their usual order; the chunks after the last whole line without prefetch."""
+    per_line = LINE_BYTES // (LANES * rows[0].width)
+    zero = ir.Constant(VEC, [0.0] * LANES)
+
+    def line(i, accs):
+        for row in rows:
+            row.prefetch(i)
+        for u in range(per_line):
+            accs = body(builder.add(i, I64(u * LANES)), accs)
+        return accs
+
+    lines_end = builder.and_(K, I64(-LANES * per_line))
+    accs = _loop(builder, I64(0), lines_end, LANES * per_line, [zero] * len(rows), line)
+    return _loop(builder, lines_end, builder.and_(K, I64(-LANES)), LANES, accs, body)
 
 
 def _weight_k(context, builder, wty, w):
@@ -192,10 +232,10 @@ def weight_dot_chunks(typingctx, w, s, n, x):
 
     def codegen(context, builder, signature, args):
         wty, sty, _, xty = signature.args
-        load = _weight_row(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
+        row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
         px = _data(context, builder, xty, args[3], I64(0), F32)
         K = _weight_k(context, builder, wty, args[0])
-        (acc,) = _chunk_loop(builder, K, 1, lambda i, accs: [_fma(builder, load(i), _load_f32(builder, px, i), accs[0])])
+        (acc,) = _weight_loop(builder, [row], K, lambda i, accs: [_fma(builder, row.load(i), _load_f32(builder, px, i), accs[0])])
         return _reduce(builder, acc)
 
     return sig, codegen
@@ -229,16 +269,16 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
     def codegen(context, builder, signature, args):
         oty, _, wty, sty, _, xty = signature.args
         n = _i64(builder, args[4], None)
-        loads = [_weight_row(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
+        rows = [_WeightRow(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
         px = _data(context, builder, xty, args[5], I64(0), F32)
         po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
         K = _weight_k(context, builder, wty, args[2])
 
         def body(i, accs):
             xv = _load_f32(builder, px, i)
-            return [_fma(builder, load(i), xv, acc) for load, acc in zip(loads, accs)]
+            return [_fma(builder, row.load(i), xv, acc) for row, acc in zip(rows, accs)]
 
-        accs = _chunk_loop(builder, K, 4, body)
+        accs = _weight_loop(builder, rows, K, body)
         for r, acc in enumerate(accs):
             builder.store(_reduce(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))
         return context.get_dummy_value()

@@ -106,3 +106,18 @@ def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype):
     together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
     for b in range(len(prompts)):
         np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_decode_equals_prefill_bit_for_bit_with_long_rows(tmp_path, dtype):
+    """Rows of K >= kernels.decode.LONG_ROW (the down projection here, with a ragged tail) take the
+    four-rows-at-once decode path at every precision; it must still sum in the prefill's order."""
+    import kernels.decode
+
+    intermediate = kernels.decode.LONG_ROW + 16 + 3
+    make_checkpoint(tmp_path, intermediate_size=intermediate)
+    model = Model.load(tmp_path, dtype=dtype)
+    full = model.forward(TOKENS[:12], model.new_cache(), all_logits=True)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:4], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[4:12]]
+    np.testing.assert_array_equal(np.stack(steps), full[3:])
