@@ -166,7 +166,8 @@ def sum_chunks(typingctx, a, n):
 
 # Weight loops ask for the data this many bytes ahead (into the next rows, past a row's end),
 # once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts on every
-# row.
+# row. Measured: bfloat16 decode ~+15% on both model shapes; a prefetch per 16-weight chunk (four
+# per line at int8) cost more than it gained.
 PREFETCH_BYTES = 2048
 LINE_BYTES = 64
 
