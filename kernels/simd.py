@@ -122,9 +122,10 @@ def _loop(builder, start, stop, step, inits, body):
     return values
 
 
-def _chunk_loop(builder, n, n_acc, body):
-    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs). Returns the final accumulators."""
-    return _loop(builder, I64(0), builder.and_(n, I64(-LANES)), LANES, [ir.Constant(VEC, [0.0] * LANES)] * n_acc, body)
+def _chunk_loop(builder, n, n_acc, body, init=0.0):
+    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs), each accumulator starting as 16
+    copies of `init`. Returns the final accumulators."""
+    return _loop(builder, I64(0), builder.and_(n, I64(-LANES)), LANES, [ir.Constant(VEC, [init] * LANES)] * n_acc, body)
 
 
 def _i64(builder, value, ty):
@@ -181,11 +182,11 @@ def _prefetch(builder, ptr):
 
 class _WeightRow:
     """Weight row n (f32 / bf16 bits / int8 + scales): load(i) -> 16 float32 weights from
-    element i; prefetch(i) asks for the line PREFETCH_BYTES past element i."""
+    element i; prefetch(i) asks for the line PREFETCH_BYTES past element i; K is the row length."""
 
     def __init__(self, context, builder, wty, sty, w, s, n):
         warr = context.make_array(wty)(context, builder, w)
-        K = builder.extract_value(warr.shape, 1)
+        self.K = K = builder.extract_value(warr.shape, 1)
         self.builder = builder
         self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
@@ -203,10 +204,11 @@ class _WeightRow:
         _prefetch(self.builder, self.builder.gep(self.ptr, [ahead], source_etype=self.elem))
 
 
-def _weight_loop(builder, rows, K, body):
-    """_chunk_loop over weight rows of length K, one accumulator per row, with one prefetch per
+def _weight_loop(builder, rows, body):
+    """_chunk_loop over weight rows (all of one length), one accumulator per row, with one prefetch per
     row and 64-byte line: the chunks of a line (1 for float32, 2 for bfloat16, 4 for int8) run
     in one step, in their usual order; the chunks after the last whole line without prefetch."""
+    K = rows[0].K
     per_line = LINE_BYTES // (LANES * rows[0].width)
     zero = ir.Constant(VEC, [0.0] * LANES)
 
@@ -222,10 +224,6 @@ def _weight_loop(builder, rows, K, body):
     return _loop(builder, lines_end, builder.and_(K, I64(-LANES)), LANES, accs, body)
 
 
-def _weight_k(context, builder, wty, w):
-    return builder.extract_value(context.make_array(wty)(context, builder, w).shape, 1)
-
-
 @intrinsic
 def weight_dot_chunks(typingctx, w, s, n, x):
     """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, full chunks."""
@@ -235,8 +233,7 @@ def weight_dot_chunks(typingctx, w, s, n, x):
         wty, sty, _, xty = signature.args
         row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
         px = _data(context, builder, xty, args[3], I64(0), F32)
-        K = _weight_k(context, builder, wty, args[0])
-        (acc,) = _weight_loop(builder, [row], K, lambda i, accs: [_fma(builder, row.load(i), _load_f32(builder, px, i), accs[0])])
+        (acc,) = _weight_loop(builder, [row], lambda i, accs: [_fma(builder, row.load(i), _load_f32(builder, px, i), accs[0])])
         return _reduce(builder, acc)
 
     return sig, codegen
@@ -273,13 +270,12 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
         rows = [_WeightRow(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
         px = _data(context, builder, xty, args[5], I64(0), F32)
         po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
-        K = _weight_k(context, builder, wty, args[2])
 
         def body(i, accs):
             xv = _load_f32(builder, px, i)
             return [_fma(builder, row.load(i), xv, acc) for row, acc in zip(rows, accs)]
 
-        accs = _weight_loop(builder, rows, K, body)
+        accs = _weight_loop(builder, rows, body)
         for r, acc in enumerate(accs):
             builder.store(_reduce(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))
         return context.get_dummy_value()
@@ -431,9 +427,8 @@ def max_chunks(typingctx, a, n):
     def codegen(context, builder, signature, args):
         pa = _data(context, builder, signature.args[0], args[0], I64(0), F32)
         vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
-        init = ir.Constant(VEC, [float("-inf")] * LANES)
-        (acc,) = _loop(builder, I64(0), builder.and_(_i64(builder, args[1], None), I64(-LANES)), LANES, [init],
-                       lambda i, accs: [builder.call(vmax, [accs[0], _load_f32(builder, pa, i)])])
+        (acc,) = _chunk_loop(builder, _i64(builder, args[1], None), 1,
+                             lambda i, accs: [builder.call(vmax, [accs[0], _load_f32(builder, pa, i)])], init=float("-inf"))
         smax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, F32]), "llvm.maxnum.f32")
         result = builder.extract_element(acc, I64(0))
         for j in range(1, LANES):
