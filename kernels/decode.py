@@ -21,10 +21,10 @@ from numba.extending import overload
 from ._jit import kernel
 from .attention import attend
 from .lanes import EXACT_MATH
-from .quant import row_get, weight_at
+from .quant import activation, chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
-from .simd import LANES, rows_dot4, weight_dot_chunks
+from .simd import rows_dot4, weight_dot_chunks
 from .swiglu import silu_mul
 
 ROWS_PER_TASK = 16
@@ -54,7 +54,7 @@ def _linear_rows(out, col, w, s, task, xs):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b.
 
     The dot product is inlined (kernels.simd intrinsics, not a call per row, which cost ~15%)
-    and summed in row_dot's order: the chunks, then the K % 16 tail in sequence. float32 rows
+    and summed in row_dot's order: the chunks, then the tail in sequence. float32 rows
     and long rows are streamed four at a time (see LONG_ROW); shorter bfloat16 and int8 rows one
     at a time, as one contiguous stream (interleaving them measured slower). While rows sit in
     L1, every sequence uses them.
@@ -62,7 +62,7 @@ def _linear_rows(out, col, w, s, task, xs):
     N, K = w.shape
     n0 = task * ROWS_PER_TASK
     n1 = min(N, n0 + ROWS_PER_TASK)
-    full = K - K % LANES
+    full = chunked_len(w, K)
     n = n0
     if _four_rows(w):
         while n + 4 <= n1:
@@ -70,13 +70,13 @@ def _linear_rows(out, col, w, s, task, xs):
                 rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xs[b])
                 for i in range(n, n + 4):
                     for k in range(full, K):
-                        out[b, col + i] += weight_at(w, s, i, k) * xs[b, k]
+                        out[b, col + i] += weight_at(w, s, i, k) * activation(w, xs[b, k])
             n += 4
     for i in range(n, n1):
         for b in range(xs.shape[0]):
             total = weight_dot_chunks(w, s, i, xs[b])
             for k in range(full, K):
-                total += weight_at(w, s, i, k) * xs[b, k]
+                total += weight_at(w, s, i, k) * activation(w, xs[b, k])
             out[b, col + i] = total
 
 

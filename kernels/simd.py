@@ -11,6 +11,11 @@ on how LLVM vectorises each call site), hence explicit vectors.
 
 Operands are (array, element offset) pairs; the chunk loops read `n - n % LANES` elements.
 Weight rows come as float32, bfloat16 bits (uint16) or int8 with one float32 scale per 32.
+
+bfloat16 rows are the exception: they meet activations rounded to bfloat16 (nearest-even, as
+llama.cpp's BF16 does) in vdpbf16ps, 32 products per instruction, twice float32's FMA rate. Their
+chunks are BF16_CHUNK = 32 elements: lane i accumulates products 2i and 2i+1 of every chunk, then
+the same tree.
 """
 
 from llvmlite import ir
@@ -93,6 +98,43 @@ def _load_int8(builder, qptr, sptr, i):
     splat = builder.insert_element(ir.Constant(VEC, ir.Undefined), scale, I32(0))
     splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
     return builder.fmul(builder.sitofp(raw, VEC), splat)
+
+
+class _BFloat(ir.Type):
+    """LLVM's bfloat, which llvmlite's IR builder lacks (it only prints types)."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+BF16_CHUNK = 32
+BF16_VEC = ir.VectorType(_BFloat(), BF16_CHUNK)
+I16_VEC = ir.VectorType(ir.IntType(16), BF16_CHUNK)
+
+
+def _load_bf16_chunk(builder, ptr, i):
+    """32 bfloat16 values (uint16 bits) from element i."""
+    raw = builder.load(builder.gep(ptr, [i], source_etype=ir.IntType(16)), typ=I16_VEC, align=2)
+    return builder.bitcast(raw, BF16_VEC)
+
+
+def _round_bf16_chunk(builder, ptr, i):
+    """32 float32 values from element i, rounded to bfloat16 (vcvtne2ps2bf16: nearest-even)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(BF16_VEC, [VEC, VEC]), "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+    lo, hi = _load_f32(builder, ptr, i), _load_f32(builder, ptr, builder.add(i, I64(LANES)))
+    return builder.call(fn, [hi, lo])  # the second operand fills the low half
+
+
+def _dpbf16(builder, acc, a, b):
+    """acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1], in float32 (vdpbf16ps)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, BF16_VEC, BF16_VEC]), "llvm.x86.avx512bf16.dpbf16ps.512")
+    return builder.call(fn, [acc, a, b])
 
 
 def _loop(builder, start, stop, step, inits, body):
@@ -181,8 +223,10 @@ def _prefetch(builder, ptr):
 
 
 class _WeightRow:
-    """Weight row n (f32 / bf16 bits / int8 + scales): load(i) -> 16 float32 weights from
-    element i; prefetch(i) asks for the line PREFETCH_BYTES past element i; K is the row length."""
+    """Weight row n (f32 / bf16 bits / int8 + scales), read `chunk` elements at a time: load(i)
+    gives the weights from element i (16 float32, or 32 bfloat16), x_chunk(px, i) the matching
+    activations of float32 x, term(acc, w, xv) adds their products; prefetch(i) asks for the line
+    PREFETCH_BYTES past element i; K is the row length."""
 
     def __init__(self, context, builder, wty, sty, w, s, n):
         warr = context.make_array(wty)(context, builder, w)
@@ -190,10 +234,16 @@ class _WeightRow:
         self.builder = builder
         self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
+        self.chunk = LANES
+        self.x_chunk = lambda px, i: _load_f32(builder, px, i)
+        self.term = lambda acc, w, xv: _fma(builder, w, xv, acc)
         if wty.dtype == types.float32:
             self.load = lambda i: _load_f32(builder, self.ptr, i)
         elif wty.dtype == types.uint16:
-            self.load = lambda i: _load_bf16(builder, self.ptr, i)
+            self.chunk = BF16_CHUNK
+            self.load = lambda i: _load_bf16_chunk(builder, self.ptr, i)
+            self.x_chunk = lambda px, i: _round_bf16_chunk(builder, px, i)
+            self.term = lambda acc, w, xv: _dpbf16(builder, acc, w, xv)
         else:
             sarr = context.make_array(sty)(context, builder, s)
             ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=F32)
@@ -205,35 +255,37 @@ class _WeightRow:
 
 
 def _weight_loop(builder, rows, body):
-    """_chunk_loop over weight rows (all of one length), one accumulator per row, with one prefetch per
-    row and 64-byte line: the chunks of a line (1 for float32, 2 for bfloat16, 4 for int8) run
-    in one step, in their usual order; the chunks after the last whole line without prefetch."""
-    K = rows[0].K
-    per_line = LINE_BYTES // (LANES * rows[0].width)
+    """Loop over the full chunks of weight rows (all of one length and precision), one
+    accumulator per row, with one prefetch per row and 64-byte line: the chunks of a line (1 for
+    float32 and bfloat16, 4 for int8) run in one step, in their usual order; the chunks after the
+    last whole line without prefetch."""
+    K, chunk = rows[0].K, rows[0].chunk
+    per_line = LINE_BYTES // (chunk * rows[0].width)
     zero = ir.Constant(VEC, [0.0] * LANES)
 
     def line(i, accs):
         for row in rows:
             row.prefetch(i)
         for u in range(per_line):
-            accs = body(builder.add(i, I64(u * LANES)), accs)
+            accs = body(builder.add(i, I64(u * chunk)), accs)
         return accs
 
-    lines_end = builder.and_(K, I64(-LANES * per_line))
-    accs = _loop(builder, I64(0), lines_end, LANES * per_line, [zero] * len(rows), line)
-    return _loop(builder, lines_end, builder.and_(K, I64(-LANES)), LANES, accs, body)
+    lines_end = builder.and_(K, I64(-chunk * per_line))
+    accs = _loop(builder, I64(0), lines_end, chunk * per_line, [zero] * len(rows), line)
+    return _loop(builder, lines_end, builder.and_(K, I64(-chunk)), chunk, accs, body)
 
 
 @intrinsic
 def weight_dot_chunks(typingctx, w, s, n, x):
-    """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, full chunks."""
+    """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, over the
+    row's full chunks (kernels.quant.chunked_len)."""
     sig = types.float32(w, s, n, x)
 
     def codegen(context, builder, signature, args):
         wty, sty, _, xty = signature.args
         row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
         px = _data(context, builder, xty, args[3], I64(0), F32)
-        (acc,) = _weight_loop(builder, [row], lambda i, accs: [_fma(builder, row.load(i), _load_f32(builder, px, i), accs[0])])
+        (acc,) = _weight_loop(builder, [row], lambda i, accs: [row.term(accs[0], row.load(i), row.x_chunk(px, i))])
         return _reduce(builder, acc)
 
     return sig, codegen
@@ -272,8 +324,8 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
         po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
 
         def body(i, accs):
-            xv = _load_f32(builder, px, i)
-            return [_fma(builder, row.load(i), xv, acc) for row, acc in zip(rows, accs)]
+            xv = rows[0].x_chunk(px, i)
+            return [row.term(acc, row.load(i), xv) for row, acc in zip(rows, accs)]
 
         accs = _weight_loop(builder, rows, body)
         for r, acc in enumerate(accs):
@@ -305,6 +357,65 @@ def tile_dot_4x4(typingctx, tile, r, x, t):
         result = _tile_4x4(builder, w, xs, K)
         sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
         return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+@intrinsic
+def bf16_tile_dot_4x4(typingctx, w, n, xb, t):
+    """bfloat16 weight rows n..n+3 against bfloat16 tokens t..t+3 of xb (round_bf16_chunks), over
+    the full 32-element chunks: 16 sums, each equal to weight_dot_chunks of the pair (the same
+    vdpbf16ps steps and tree). Returns them row-major by token, as tile_dot_4x4.
+    """
+    sig = types.UniTuple(types.float32, 16)(w, n, xb, t)
+
+    def codegen(context, builder, signature, args):
+        warr = context.make_array(signature.args[0])(context, builder, args[0])
+        xarr = context.make_array(signature.args[2])(context, builder, args[2])
+        K = builder.extract_value(warr.shape, 1)
+        n0, t0 = _i64(builder, args[1], None), _i64(builder, args[3], None)
+        I16 = ir.IntType(16)
+        rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(j)), K)], source_etype=I16) for j in range(4)]
+        toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
+
+        def body(i, accs):
+            rv = [_load_bf16_chunk(builder, p, i) for p in rows]
+            out = []
+            for j, tp in enumerate(toks):
+                tv = _load_bf16_chunk(builder, tp, i)
+                out += [_dpbf16(builder, accs[4 * j + c], rv[c], tv) for c in range(4)]
+            return out
+
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        accs = _loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [zero] * 16, body)
+        result = _reduce16_vector(builder, accs)
+        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
+        return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+@intrinsic
+def round_bf16_chunks(typingctx, out, x, t):
+    """out[t, k] = x[t, k] rounded to bfloat16 bits, over the full 32-element chunks of the row
+    (the same rounding as weight_dot_chunks applies to its x on the fly)."""
+    sig = types.void(out, x, t)
+
+    def codegen(context, builder, signature, args):
+        oarr = context.make_array(signature.args[0])(context, builder, args[0])
+        xarr = context.make_array(signature.args[1])(context, builder, args[1])
+        K = builder.extract_value(xarr.shape, 1)
+        row = builder.mul(_i64(builder, args[2], None), K)
+        po = builder.gep(oarr.data, [row], source_etype=ir.IntType(16))
+        px = builder.gep(xarr.data, [row], source_etype=F32)
+
+        def body(i, _):
+            dst = builder.bitcast(builder.gep(po, [i], source_etype=ir.IntType(16)), BF16_VEC.as_pointer())
+            builder.store(_round_bf16_chunk(builder, px, i), dst, align=2)
+            return []
+
+        _loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [], body)
+        return context.get_dummy_value()
 
     return sig, codegen
 

@@ -75,6 +75,43 @@ def test_matmul(T, N, Kdim):
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
+def ref_bf16(x):
+    """float32 rounded to the nearest bfloat16 (ties to even), as float32."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def low_precision(w, dtype):
+    """(weights, scales, float32 weights they stand for, activation rounding) at a precision."""
+    if dtype == "bfloat16":
+        wb = np.empty(w.shape, np.uint16)
+        K.to_bf16(wb, w)
+        return wb, NO_S, (wb.astype(np.uint32) << 16).view(np.float32), ref_bf16
+    q = np.empty(w.shape, np.int8)
+    s = np.empty((w.shape[0], -(-w.shape[1] // K.QBLOCK)), np.float32)
+    K.quantize_int8(q, s, w)
+    back = np.empty_like(w)
+    K.dequantize(back, q, s)
+    return q, s, back, lambda x: x
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("T,N,Kdim", [(1, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (6, 12, 128), (5, 21, 613)])
+def test_low_precision_matmul_and_matvec(dtype, T, N, Kdim):
+    """bfloat16 weights meet activations rounded to bfloat16, int8 weights float32 activations;
+    the matmul's every output equals the matvec (decode) dot product bit for bit."""
+    x = rand(T, Kdim)
+    w, s, w_ref, act = low_precision(rand(N, Kdim), dtype)
+    out = np.empty((T, N), np.float32)
+    K.matmul(out, x, w, s)
+    expected = act(x).astype(np.float64) @ w_ref.T.astype(np.float64)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    for t in range(T):
+        row = np.empty(N, np.float32)
+        K.matvec(row, x[t], w, s)
+        np.testing.assert_array_equal(row, out[t])
+
+
 def test_add_bias():
     out, b = rand(3, 11), rand(11)
     expected = out + b

@@ -26,7 +26,9 @@ def reference(default_model_dir):
 # from a 4-bit grid (m + q d per block), which symmetric int8 blocks can only approximate. Its
 # flips are near-ties (f32 top-2 margins 0.07 and under); llama.cpp's own Q8_0 agrees with its F32
 # on 96.5% of these positions (max abs 1.71).
-@pytest.mark.parametrize("dtype,min_agree,max_abs", [("bfloat16", 0.99, 0.3), ("int8", 0.985, 0.6)])
+# bfloat16 rounds activations to bfloat16 too (vdpbf16ps, as llama.cpp's BF16): 99.2% (2 flips,
+# f32 margins 0.013 and 0.004), max abs 0.296; with float32 activations it was 100% and 0.171.
+@pytest.mark.parametrize("dtype,min_agree,max_abs", [("bfloat16", 0.99, 0.45), ("int8", 0.985, 0.6)])
 def test_low_precision_agrees_with_float32(default_model_dir, reference, dtype, min_agree, max_abs):
     ids, f32_logits = reference
     model = Model.load(default_model_dir, dtype=dtype)
