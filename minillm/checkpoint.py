@@ -31,7 +31,7 @@ class Linear:
     """A weight matrix (N, K) at the compute precision, with its int8 scales and optional bias."""
 
     w: np.ndarray  # float32 | uint16 (bfloat16 bits) | int8
-    s: np.ndarray  # int8: (N, ceil(K / 32)) float32 scales; otherwise NO_SCALES
+    s: np.ndarray  # int8: (N, ceil(K / 32)) float16 scales as uint16 bits; otherwise NO_SCALES
     b: np.ndarray | None = None  # (N,) float32
 
     @property
@@ -247,11 +247,16 @@ def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) 
         w = np.empty((N, Kdim), np.uint16)
     else:
         w = np.empty((N, Kdim), np.int8)
-        s = np.empty((N, -(-Kdim // K.QBLOCK)), np.float32)
+        s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
     for r0, r1 in _row_chunks(N, Kdim):
         rows = f.read_rows(name, r0, r1)
         if check_finite and not np.isfinite(rows).all():
             raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")
+        if dtype == "int8" and not np.abs(rows).max(initial=0.0) <= K.INT8_MAX_WEIGHT:
+            raise CheckpointError(
+                f"{f.path}: tensor {name!r} has weights beyond {K.INT8_MAX_WEIGHT:.3g} (or NaN), "
+                "more than int8's float16 scales can hold; load it as float32 or bfloat16"
+            )
         if dtype == "float32":
             w[r0:r1] = rows
         elif dtype == "bfloat16":

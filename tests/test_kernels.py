@@ -88,7 +88,7 @@ def low_precision(w, dtype):
         K.to_bf16(wb, w)
         return wb, NO_S, (wb.astype(np.uint32) << 16).view(np.float32), ref_bf16
     q = np.empty(w.shape, np.int8)
-    s = np.empty((w.shape[0], -(-w.shape[1] // K.QBLOCK)), np.float32)
+    s = np.empty((w.shape[0], -(-w.shape[1] // K.QBLOCK)), np.uint16)  # float16 bits
     K.quantize_int8(q, s, w)
     back = np.empty_like(w)
     K.dequantize(back, q, s)

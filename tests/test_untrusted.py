@@ -214,6 +214,17 @@ def test_nan_weights_rejected_when_asked(model_copy):
             load_checkpoint(model_copy, dtype=dtype, check_finite=True)
 
 
+def test_weights_too_large_for_int8_scales_rejected(model_copy):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(model_copy / "model.safetensors"))
+    tensors["model.layers.0.mlp.down_proj.weight"][1, 2] = 1e10
+    save_file(tensors, str(model_copy / "model.safetensors"))
+    load_checkpoint(model_copy, dtype="bfloat16")  # bfloat16 holds it
+    with pytest.raises(CheckpointError, match="down_proj.weight.*float16 scales"):
+        load_checkpoint(model_copy, dtype="int8")
+
+
 # ------------------------------------------------------------------ GGUF corpus
 
 ONE_TENSOR = [("token_embd.weight", (8, 2), F32, 0)]
