@@ -3,7 +3,8 @@
 Every kernel is a pure function over preallocated arrays, output first, and has a plain NumPy
 reference in tests/test_kernels.py. Shapes: T tokens, H hidden, K/N matmul in/out, nh/nkv
 query/KV heads, hd head dim, ctx cache length. Weight matrices come at any precision of
-`quant` (float32, bfloat16 bits, int8 blocks + scales); activations and sums are float32 (activations meeting bfloat16 weights are rounded to bfloat16).
+`quant` (float32, bfloat16 bits, int8 blocks + scales); sums are float32, and so are
+activations, except that they are rounded to bfloat16 where they meet bfloat16 weights.
 """
 
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write

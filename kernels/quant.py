@@ -19,6 +19,7 @@ from ._jit import REDUCE_MATH, kernel
 from .lanes import EXACT_MATH
 from .simd import BF16_CHUNK, LANES, QBLOCK, weight_dot_chunks
 
+
 @intrinsic
 def _bits_as_f32(typingctx, bits):
     """Reinterpret a uint32 as float32 (a register move, no conversion)."""
@@ -98,7 +99,7 @@ def f16_value(typingctx, bits):
 
 
 def weight_at(w, s, n, k):
-    """w[n, k] as float32 for any weight precision (int8: q * scale, rounded to float32)."""
+    """w[n, k] as float32 for any weight precision (int8: q * its block's float16 scale, exact)."""
     raise NotImplementedError
 
 

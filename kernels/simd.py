@@ -252,23 +252,28 @@ class _WeightRow:
             ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=ir.IntType(16))
             self.load = lambda i: _load_int8(builder, self.ptr, ps, i)
 
-    def prefetch(self, i):
-        ahead = self.builder.add(i, I64(PREFETCH_BYTES // self.width))
+    def prefetch(self, i, rows_below=0):
+        """Prefetch PREFETCH_BYTES ahead, or with rows_below, element i of the row that many rows
+        down (where a stream of rows_below rows side by side reads next)."""
+        if rows_below:
+            ahead = self.builder.add(i, self.builder.mul(self.K, I64(rows_below)))
+        else:
+            ahead = self.builder.add(i, I64(PREFETCH_BYTES // self.width))
         _prefetch(self.builder, self.builder.gep(self.ptr, [ahead], source_etype=self.elem))
 
 
-def _weight_loop(builder, rows, body):
+def _weight_loop(builder, rows, body, rows_below=0):
     """Loop over the full chunks of weight rows (all of one length and precision), one
-    accumulator per row, with one prefetch per row and 64-byte line: the chunks of a line (1 for
-    float32 and bfloat16, 4 for int8) run in one step, in their usual order; the chunks after the
-    last whole line without prefetch."""
+    accumulator per row, with one prefetch per row and 64-byte line (see _WeightRow.prefetch): the
+    chunks of a line (1 for float32 and bfloat16, 4 for int8) run in one step, in their usual
+    order; the chunks after the last whole line without prefetch."""
     K, chunk = rows[0].K, rows[0].chunk
     per_line = LINE_BYTES // (chunk * rows[0].width)
     zero = ir.Constant(VEC, [0.0] * LANES)
 
     def line(i, accs):
         for row in rows:
-            row.prefetch(i)
+            row.prefetch(i, rows_below)
         for u in range(per_line):
             accs = body(builder.add(i, I64(u * chunk)), accs)
         return accs
@@ -330,7 +335,10 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
             xv = rows[0].x_chunk(px, i)
             return [row.term(acc, row.load(i), xv) for row, acc in zip(rows, accs)]
 
-        accs = _weight_loop(builder, rows, body)
+        # 2 KiB ahead would land mostly in the next row of these four, already being read; the
+        # row four below is the one this stream reads next. Measured on float32 decode: faster in
+        # 18 of 24 alternating runs, medians +2% to +16%.
+        accs = _weight_loop(builder, rows, body, rows_below=4)
         for r, acc in enumerate(accs):
             builder.store(_reduce(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))
         return context.get_dummy_value()
