@@ -85,12 +85,6 @@ def _load_f32(builder, ptr, i):
     return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
 
 
-def _load_bf16(builder, ptr, i):
-    raw = builder.load(builder.gep(ptr, [i], source_etype=ir.IntType(16)), typ=ir.VectorType(ir.IntType(16), LANES), align=2)
-    wide = builder.zext(raw, ir.VectorType(I32, LANES))
-    return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(I32, LANES), [16] * LANES)), VEC)
-
-
 def _load_int8(builder, qptr, sptr, i):
     """16 int8 weights times their block's float16 scale (products exact in float32)."""
     raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), LANES), align=1)
@@ -237,20 +231,18 @@ class _WeightRow:
         self.builder = builder
         self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
-        self.chunk = LANES
-        self.x_chunk = lambda px, i: _load_f32(builder, px, i)
-        self.term = lambda acc, w, xv: _fma(builder, w, xv, acc)
+        self.chunk, x_chunk, term = LANES, _load_f32, _fma_acc
         if wty.dtype == types.float32:
             self.load = lambda i: _load_f32(builder, self.ptr, i)
         elif wty.dtype == types.uint16:
-            self.chunk = BF16_CHUNK
+            self.chunk, x_chunk, term = BF16_CHUNK, _round_bf16_chunk, _dpbf16
             self.load = lambda i: _load_bf16_chunk(builder, self.ptr, i)
-            self.x_chunk = lambda px, i: _round_bf16_chunk(builder, px, i)
-            self.term = lambda acc, w, xv: _dpbf16(builder, acc, w, xv)
         else:
             sarr = context.make_array(sty)(context, builder, s)
             ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=ir.IntType(16))
             self.load = lambda i: _load_int8(builder, self.ptr, ps, i)
+        self.x_chunk = lambda px, i: x_chunk(builder, px, i)
+        self.term = lambda acc, w, xv: term(builder, acc, w, xv)
 
     def prefetch(self, i, rows_below=0):
         """Prefetch PREFETCH_BYTES ahead, or with rows_below, element i of the row that many rows
@@ -299,19 +291,28 @@ def weight_dot_chunks(typingctx, w, s, n, x):
     return sig, codegen
 
 
-def _tile_4x4(builder, rows, cols, n):
+def _fma_acc(builder, acc, a, b):
+    """acc + a b, fused: _fma with the accumulator first, as _dpbf16 takes it."""
+    return _fma(builder, a, b, acc)
+
+
+def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES):
     """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
-    its own accumulator (8 loads feed 16 FMAs), reduced together: a vector, lane 4 j + c."""
+    its own accumulator (8 loads feed 16 multiply-adds), reduced together: a vector, lane 4 j + c.
+    float32 by default; bfloat16 rows and columns with load=_load_bf16_chunk, term=_dpbf16,
+    chunk=BF16_CHUNK."""
 
     def body(i, accs):
-        rv = [_load_f32(builder, p, i) for p in rows]
+        rv = [load(builder, p, i) for p in rows]
         out = []
         for j, cp in enumerate(cols):
-            cv = _load_f32(builder, cp, i)
-            out += [_fma(builder, rv[c], cv, accs[4 * j + c]) for c in range(4)]
+            cv = load(builder, cp, i)
+            out += [term(builder, accs[4 * j + c], rv[c], cv) for c in range(4)]
         return out
 
-    return _reduce16_vector(builder, _chunk_loop(builder, n, 16, body))
+    zero = ir.Constant(VEC, [0.0] * LANES)
+    accs = _loop(builder, I64(0), builder.and_(n, I64(-chunk)), chunk, [zero] * 16, body)
+    return _reduce16_vector(builder, accs)
 
 
 @intrinsic
@@ -388,18 +389,7 @@ def bf16_tile_dot_4x4(typingctx, w, n, xb, t):
         I16 = ir.IntType(16)
         rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(j)), K)], source_etype=I16) for j in range(4)]
         toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
-
-        def body(i, accs):
-            rv = [_load_bf16_chunk(builder, p, i) for p in rows]
-            out = []
-            for j, tp in enumerate(toks):
-                tv = _load_bf16_chunk(builder, tp, i)
-                out += [_dpbf16(builder, accs[4 * j + c], rv[c], tv) for c in range(4)]
-            return out
-
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        accs = _loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [zero] * 16, body)
-        result = _reduce16_vector(builder, accs)
+        result = _tile_4x4(builder, rows, toks, K, load=_load_bf16_chunk, term=_dpbf16, chunk=BF16_CHUNK)
         sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
         return context.make_tuple(builder, signature.return_type, sums)
 
