@@ -5,7 +5,7 @@ from numba import get_thread_id, prange
 
 from ._jit import kernel
 from .lanes import EXACT_MATH, total
-from .expf import exp_f32
+from .expf import divide, exp_f32
 from .simd import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, weighted_rows
 
 
@@ -59,7 +59,7 @@ def _softmax_values(out, s, q, keys, values, n_keys):
         s[j] = exp_f32(s[j] - m)
     norm = total(s, n_keys)
     for j in range(n_keys):
-        s[j] = s[j] / norm
+        s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
     weighted_rows(out, s, values, 0, n_keys, hd)  # values: (ctx, hd) contiguous
     for d in range(full, hd):  # the same order: even keys, odd keys, then their sum
         even = np.float32(0.0)

@@ -39,6 +39,19 @@ def fma(typingctx, a, b, c):
     return sig, codegen
 
 
+@intrinsic
+def divide(typingctx, a, b):
+    """a / b in float32, IEEE (the same bits as `/`) but without Numba's zero-divisor check, whose
+    branch keeps a loop scalar: SiLU over 1536 elements took 6.6 us, 0.45 vectorised. For divisors
+    that are never 0."""
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fdiv(args[0], args[1])
+
+    return sig, codegen
+
+
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _pow2(n):
     """2.0**n as float32 for integer n in [-126, 127], by building the exponent bits."""

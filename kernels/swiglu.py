@@ -2,14 +2,14 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import kernel
-from .expf import exp_f32
+from .expf import divide, exp_f32
 from .lanes import EXACT_MATH
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")  # once per element: no call overhead
 def silu_mul(g, u):
-    """silu(g) * u with silu(g) = g * sigmoid(g), in float32."""
-    return g / (np.float32(1.0) + exp_f32(-g)) * u
+    """silu(g) * u with silu(g) = g * sigmoid(g), in float32. The divisor 1 + exp(-g) is never 0."""
+    return divide(g, np.float32(1.0) + exp_f32(-g)) * u
 
 
 @kernel(fastmath=EXACT_MATH)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kernels as K
-from kernels.expf import exp_f32
+from kernels.expf import divide, exp_f32
 
 RNG = np.random.default_rng(0)
 NO_S = np.zeros((1, 1), np.float32)
@@ -194,3 +194,19 @@ def test_exp_f32_within_two_ulp_and_special_values():
     got = np.empty_like(special)
     _exp_all(got, special)
     np.testing.assert_array_equal(got, np.array([1, 1, np.inf, 0, np.nan, np.inf, 0, 0], np.float32))
+
+
+@numba.njit(fastmath={"contract"})
+def _divide_all(out, a, b):
+    for i in range(a.shape[0]):
+        out[i] = divide(a[i], b[i])
+
+
+def test_divide_is_ieee_division():
+    """divide (SiLU's and softmax's, without Numba's zero check) gives NumPy's float32 quotient."""
+    a = np.concatenate([RNG.standard_normal(1000) * 10, [1, -1, 0, np.inf, np.nan, 1e-38]]).astype(np.float32)
+    b = np.concatenate([RNG.standard_normal(1000) * 10, [0, 0, 0, np.inf, 1, 1e30]]).astype(np.float32)
+    out = np.empty_like(a)
+    _divide_all(out, a, b)
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+        np.testing.assert_array_equal(out, a / b)
