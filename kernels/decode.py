@@ -70,8 +70,8 @@ def _linear_rows(out, col, w, s, task, xs):
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _silu_mul_rows(gate, up, bias, l):
     """gate = silu(gate + bias) * (up + bias), bias being layer l's (gate | up) row when the model has
-    biases. The bias branch stays out of the SiLU loop, so that loop vectorises (it was a scalar
-    loop: ~4% of an int8 step)."""
+    biases. The SiLU loop vectorises (kernels.expf.divide): as a scalar loop it took ~4% of an
+    int8 step."""
     I = gate.shape[0]
     if bias.shape[1] > 0:
         for n in range(I):
