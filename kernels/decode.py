@@ -15,7 +15,8 @@ Per-layer weights come as numba.typed.List (one array per layer, so memory-mappe
 tensors are used in place); biases stacked (L, N), with N = 0 when the model has none.
 """
 
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ._jit import kernel
 from .attention import attend
@@ -33,8 +34,23 @@ ROWS_PER_TASK = 16
 # not and leave the loop waiting on FMA latency. Measured at K = 8192: int8 33 vs 19 GB/s,
 # bfloat16 40 vs 29. Below it one row at a time is as fast or faster, float32 included: one
 # stream, prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows, 8 of 8
-# alternating runs).
+# alternating runs). An int8 chunk costs twice a bfloat16 chunk's instructions for half its
+# weights (widen, scale, then the FMA), so its rows fill the window sooner: at K = 2048 (the 1B
+# shape) four rows decode +33% faster (8 of 8 alternating runs), while bfloat16 rows of 2048
+# lose 8% (0 of 8); at K = 1536 (the default model's down rows) int8 ties (4 of 8).
 LONG_ROW = 4096
+LONG_ROW_INT8 = 2048
+
+
+def long_row(w):
+    """The row length from which rows of w's precision are streamed four at a time."""
+    raise NotImplementedError
+
+
+@overload(long_row)
+def _long_row(w):
+    threshold = LONG_ROW_INT8 if w.dtype == types.int8 else LONG_ROW
+    return lambda w: threshold
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
@@ -43,7 +59,7 @@ def _linear_rows(out, col, w, s, task, xs):
 
     The dot product is inlined (kernels.simd intrinsics, not a call per row, which cost ~15%)
     and summed in row_dot's order: the chunks, then the tail in sequence. Long rows are streamed
-    four at a time (see LONG_ROW), shorter ones one at a time, as one contiguous stream. While
+    four at a time (see long_row), shorter ones one at a time, as one contiguous stream. While
     rows sit in L1, every sequence uses them.
     """
     N, K = w.shape
@@ -51,7 +67,7 @@ def _linear_rows(out, col, w, s, task, xs):
     n1 = min(N, n0 + ROWS_PER_TASK)
     full = chunked_len(w, K)
     n = n0
-    if K >= LONG_ROW:
+    if K >= long_row(w):
         while n + 4 <= n1:
             for b in range(xs.shape[0]):
                 rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xs[b])

@@ -321,7 +321,7 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
     """out[o + i] = weight_dot_chunks(w, s, n + i, x) for i < 4: four rows streamed side by side
     (four independent FMA chains and memory streams, one load of x per chunk), each summed in
     exactly the single-row order. `out` is a C-contiguous array, `o` a flat element offset.
-    Faster than one row at a time for long rows (see kernels.decode.LONG_ROW).
+    Faster than one row at a time for long rows (see kernels.decode.long_row).
     """
     sig = types.void(out, o, w, s, n, x)
 
