@@ -6,11 +6,11 @@ What it does, all on this machine:
 1. installs llama-cpp-python from PyPI if missing, built from source with -DGGML_NATIVE=ON;
 2. takes `convert_hf_to_gguf.py` from that version's source distribution and converts the same
    HF weights minillm reads to GGUF F32, BF16 and Q8_0;
-3. measures the machine's read bandwidth (a parallel Numba sum over a 2 GB array);
-4. runs minillm and llama.cpp alternately, each run in a fresh process, `--rounds` times: prefill of
+3. in each of `--rounds` rounds, measures the machine's read bandwidth (a parallel Numba sum over a
+   2 GB array), then runs minillm and llama.cpp alternately, each run in a fresh process: prefill of
    128 and 512 tokens, and 128 decode steps after a 128-token prompt, all with 2 threads;
-5. runs transformers once (float32 and bfloat16);
-6. prints medians and minillm/llama.cpp ratios, and writes them to benchmarks/results.json.
+4. runs transformers once (float32 and bfloat16);
+5. prints medians and minillm/llama.cpp ratios, and writes them to benchmarks/results.json.
 
 Shapes: `smollm` is the default model (SmolLM2-135M-Instruct); `1b` is a random-weight Llama of
 ~1.2B parameters (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab 49152),
@@ -263,7 +263,14 @@ def run_llama(gguf: Path, P: int, G: int, threads: int) -> dict:
     return last_json(sh([sys.executable, "-c", WORKER_LLAMA, str(gguf), str(P), str(G), str(threads)]))
 
 
+def bandwidth_gb_s(threads: int) -> float:
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    return last_json(sh([sys.executable, "-c", WORKER_BANDWIDTH], env=env))["bandwidth_gb_s"]
+
+
 def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> dict:
+    """Every run's figures, as lists with one entry per round: (engine, kind, metric) -> values,
+    and ("bandwidth",) -> the read bandwidth sampled at the start of each round."""
     ggufs = {g: to_gguf(model_dir, g) for _, g in pairs}
     samples: dict = {}
 
@@ -271,7 +278,10 @@ def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> di
         samples.setdefault(key, []).append(value)
 
     for r in range(rounds):
-        print(f"[{shape}] round {r + 1}/{rounds}", flush=True)
+        # Sampled in every round, next to the runs it is compared with: this machine's bandwidth
+        # drifts by a third over minutes, so one sample at the start can be a burst or a trough.
+        add(("bandwidth",), bandwidth_gb_s(threads))
+        print(f"[{shape}] round {r + 1}/{rounds}, read bandwidth {samples[('bandwidth',)][-1]:.1f} GB/s", flush=True)
         for dtype, gtype in pairs:
             # Alternate which engine goes first, so neither always runs on a cooler machine.
             order = [("minillm", dtype), ("llama.cpp", gtype)]
@@ -285,7 +295,7 @@ def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> di
                 if engine == "minillm":
                     add((engine, kind, "peak_rss_mb"), a["peak_rss_mb"])
                     add((engine, kind, "weight_mb"), a["weight_mb"])
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
 
 
 def main() -> None:
@@ -303,48 +313,63 @@ def main() -> None:
     from minillm.default_model import default_model_dir
 
     ensure_llama_cpp()
-    bandwidth = last_json(sh([sys.executable, "-c", WORKER_BANDWIDTH], env=dict(os.environ, NUMBA_NUM_THREADS=str(args.threads))))
-    print(f"read bandwidth: {bandwidth['bandwidth_gb_s']:.1f} GB/s", flush=True)
-
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
-              "rounds": args.rounds, "bandwidth_gb_s": bandwidth["bandwidth_gb_s"], "shapes": {}}
+              "rounds": args.rounds, "shapes": {}, "samples": {}}
     out = ROOT / "benchmarks" / "results.json"
 
     def save():  # after every shape, so a long run that stops early still leaves its results
         out.write_text(json.dumps(report, indent=2) + "\n")
 
+    def record(shape, samples, pairs):
+        report["shapes"][shape] = table(samples, pairs)
+        report["samples"][shape] = {"/".join(k): v for k, v in samples.items()}
+
     shapes = args.shapes.split(",")
     if "smollm" in shapes:
         d = default_model_dir()
-        med = measure("smollm", d, PAIRS, args.rounds, args.threads)
-        report["shapes"]["smollm"] = table(med, PAIRS, bandwidth["bandwidth_gb_s"])
+        record("smollm", measure("smollm", d, PAIRS, args.rounds, args.threads), PAIRS)
         if not args.no_hf:
             hf = {dt: last_json(sh([sys.executable, "-c", WORKER_HF, str(d), dt, str(args.threads)])) for dt in ("float32", "bfloat16")}
             report["shapes"]["smollm"]["transformers"] = hf
         save()
         print_report(report)
     if "1b" in shapes:
-        med = measure("1b", random_1b(), PAIRS[1:], args.rounds, args.threads)
-        report["shapes"]["1b"] = table(med, PAIRS[1:], bandwidth["bandwidth_gb_s"])
+        record("1b", measure("1b", random_1b(), PAIRS[1:], args.rounds, args.threads), PAIRS[1:])
         save()
     print_report(report)
     (ROOT / "benchmarks" / "README.md").write_text(markdown(report))
     print(f"\nwrote {out} and benchmarks/README.md")
 
 
-def table(med: dict, pairs, bandwidth: float) -> dict:
-    rows = {}
+def table(samples: dict, pairs) -> dict:
+    """Medians and ratios of medians; `ahead` counts the rounds in which minillm's run beat the
+    llama.cpp run next to it. The decode share of bandwidth is taken per round, against the sample
+    of that round, and its median reported."""
+    bandwidth = samples[("bandwidth",)]
+    rows = {"bandwidth_gb_s": statistics.median(bandwidth)}
     for dtype, gtype in pairs:
         row = {}
         for metric in ("prefill128", "prefill512", "decode128"):
-            ours, theirs = med[("minillm", dtype, metric)], med[("llama.cpp", gtype, metric)]
-            row[metric] = {"minillm": ours, "llama.cpp": theirs, "ratio": ours / theirs}
-        row["peak_rss_mb"] = med[("minillm", dtype, "peak_rss_mb")]
-        row["weight_mb"] = med[("minillm", dtype, "weight_mb")]
+            ours, theirs = samples[("minillm", dtype, metric)], samples[("llama.cpp", gtype, metric)]
+            mo, mt = statistics.median(ours), statistics.median(theirs)
+            row[metric] = {"minillm": mo, "llama.cpp": mt, "ratio": mo / mt,
+                           "ahead": sum(o >= t for o, t in zip(ours, theirs)), "rounds": len(ours)}
+        row["peak_rss_mb"] = statistics.median(samples[("minillm", dtype, "peak_rss_mb")])
+        row["weight_mb"] = statistics.median(samples[("minillm", dtype, "weight_mb")])
         # Bytes read per decoded token are (about) the weights; tok/s x bytes = achieved bandwidth.
-        row["decode_bandwidth_share"] = row["decode128"]["minillm"] * row["weight_mb"] * 2**20 / 1e9 / bandwidth
+        weight_gb = row["weight_mb"] * 2**20 / 1e9
+        row["decode_bandwidth_share"] = statistics.median(
+            tok_s * weight_gb / bw for tok_s, bw in zip(samples[("minillm", dtype, "decode128")], bandwidth))
         rows[f"{dtype} vs {gtype.upper()}"] = row
     return rows
+
+
+def _engine_rows(rows: dict):
+    return [(name, row) for name, row in rows.items() if name not in ("transformers", "bandwidth_gb_s")]
+
+
+def _cell(c: dict, bold: str = "") -> str:
+    return f"{c['minillm']:.0f} / {c['llama.cpp']:.0f} = {bold}{c['ratio']:.2f}{bold} ({c['ahead']}/{c['rounds']})"
 
 
 def markdown(report: dict) -> str:
@@ -355,21 +380,24 @@ def markdown(report: dict) -> str:
         "Not tests: timings never run under pytest. `bench_vs_llamacpp.py` builds llama.cpp from",
         "llama-cpp-python's source (`-DGGML_NATIVE=ON`), converts the same weights to GGUF with the converter",
         "in that source, and runs minillm and llama.cpp alternately, each run in a fresh process; the table",
-        "holds medians and minillm/llama.cpp ratios from one run. `serve_load.py` loads the HTTP server.",
+        "holds medians and minillm/llama.cpp ratios from one run, and in brackets the rounds in which",
+        "minillm's run was ahead of the llama.cpp run next to it. Read bandwidth (parallel Numba row sums",
+        "over 2 GB) is sampled at the start of every round; the decode share of bandwidth is the median of",
+        "each round's share against its own sample. `results.json` keeps every run's figures.",
+        "`serve_load.py` loads the HTTP server.",
         "",
         f"Latest run: {report['date']}, {report['machine']}, {report['threads']} threads, medians of "
-        f"{report['rounds']} alternating runs. Read bandwidth (parallel Numba row sums over 2 GB): "
-        f"{report['bandwidth_gb_s']:.1f} GB/s.",
+        f"{report['rounds']} alternating runs.",
     ]
     names = {"smollm": "SmolLM2-135M-Instruct (the default model)", "1b": "random ~1.2B Llama (hidden 2048, 16 layers, 32/8 heads, intermediate 8192)"}
     for shape, rows in report["shapes"].items():
+        bw = report["samples"][shape]["bandwidth"]
         out += ["", f"## {names.get(shape, shape)}", "",
+                f"Read bandwidth: median {rows['bandwidth_gb_s']:.1f} GB/s (samples {min(bw):.1f} to {max(bw):.1f}).", "",
                 "| tok/s: minillm / llama.cpp = ratio | prefill 128 | prefill 512 | decode 128 (after 128) | peak RSS | decode share of bandwidth |",
                 "|---|---|---|---|---|---|"]
-        for name, row in rows.items():
-            if name == "transformers":
-                continue
-            cells = [f"{row[m]['minillm']:.0f} / {row[m]['llama.cpp']:.0f} = **{row[m]['ratio']:.2f}**" for m in ("prefill128", "prefill512", "decode128")]
+        for name, row in _engine_rows(rows):
+            cells = [_cell(row[m], "**") for m in ("prefill128", "prefill512", "decode128")]
             out.append(f"| {name} | {' | '.join(cells)} | {row['peak_rss_mb']:.0f} MiB ({row['weight_mb']:.0f} MiB weights) | {row['decode_bandwidth_share'] * 100:.0f}% |")
         if "transformers" in rows:
             out += ["", "transformers (torch 2.13, same threads), once:", ""]
@@ -380,19 +408,15 @@ def markdown(report: dict) -> str:
 
 def print_report(report: dict) -> None:
     print(f"\n{report['date']}, {report['machine']}, {report['threads']} threads, medians of {report['rounds']} alternating runs")
-    print(f"read bandwidth (parallel Numba sum over 2 GB): {report['bandwidth_gb_s']:.1f} GB/s")
     for shape, rows in report["shapes"].items():
-        print(f"\n{shape}:")
-        print(f"| {'tok/s (minillm / llama.cpp = ratio)':<40} | {'prefill 128':>24} | {'prefill 512':>24} | {'decode 128':>24} |")
+        print(f"\n{shape}: read bandwidth (parallel Numba sum over 2 GB), median of rounds {rows['bandwidth_gb_s']:.1f} GB/s")
+        print(f"| {'tok/s (minillm / llama.cpp = ratio (rounds ahead))':<52} | {'prefill 128':>30} | {'prefill 512':>30} | {'decode 128':>30} |")
         print("|" + "---|" * 4)
-        for name, row in rows.items():
-            if name == "transformers":
-                continue
-            cells = [f"{row[m]['minillm']:.0f} / {row[m]['llama.cpp']:.0f} = {row[m]['ratio']:.2f}" for m in ("prefill128", "prefill512", "decode128")]
-            print(f"| {name:<40} | {cells[0]:>24} | {cells[1]:>24} | {cells[2]:>24} |")
-        for name, row in rows.items():
-            if name != "transformers":
-                print(f"{name}: weights {row['weight_mb']:.0f} MiB, peak RSS {row['peak_rss_mb']:.0f} MiB, "
+        for name, row in _engine_rows(rows):
+            cells = [_cell(row[m]) for m in ("prefill128", "prefill512", "decode128")]
+            print(f"| {name:<52} | {cells[0]:>30} | {cells[1]:>30} | {cells[2]:>30} |")
+        for name, row in _engine_rows(rows):
+            print(f"{name}: weights {row['weight_mb']:.0f} MiB, peak RSS {row['peak_rss_mb']:.0f} MiB, "
                       f"decode reads {row['decode_bandwidth_share'] * 100:.0f}% of the measured bandwidth")
         if "transformers" in rows:
             for dt, r in rows["transformers"].items():
