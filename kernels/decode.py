@@ -21,25 +21,29 @@ from numba.extending import overload
 from ._jit import kernel
 from .attention import attend
 from .lanes import EXACT_MATH
-from .quant import activation, chunked_len, row_get, weight_at
+from .quant import activation, chunk_operand, chunked_len, round_activation, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
+from .schedule import claim, start_claims
 from .simd import rows_dot4, weight_dot_chunks
 from .swiglu import silu_mul
 
 ROWS_PER_TASK = 16
 
-# From this row length on, weight rows are streamed four at a time. One row's sum is one chain of
-# dependent FMAs (the fixed order); short rows overlap in the out-of-order window, long ones do
-# not and leave the loop waiting on FMA latency. Measured at K = 8192: int8 33 vs 19 GB/s,
-# bfloat16 40 vs 29. Below it one row at a time is as fast or faster, float32 included: one
-# stream, prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows, 8 of 8
-# alternating runs). An int8 chunk costs twice a bfloat16 chunk's instructions for half its
-# weights (widen, scale, then the FMA), so its rows fill the window sooner: at K = 2048 (the 1B
-# shape) four rows decode +33% faster (8 of 8 alternating runs), while bfloat16 rows of 2048
-# lose 8% (0 of 8); at K = 1536 (the default model's down rows) int8 ties (4 of 8).
+# From this row length on, float32 and int8 weight rows are streamed four at a time. One row's sum
+# is one chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order window,
+# long ones do not and leave the loop waiting on FMA latency. Measured at K = 8192: int8 33 vs
+# 19 GB/s. Below it one row at a time is as fast or faster, float32 included: one stream,
+# prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows, 8 of 8 alternating
+# runs). An int8 chunk costs twice a bfloat16 chunk's instructions for half its weights (widen,
+# scale, then the FMA), so its rows fill the window sooner: at K = 2048 (the 1B shape) four rows
+# decode +33% faster (8 of 8 alternating runs); at K = 1536 (the default model's down rows) int8
+# ties (4 of 8). bfloat16 rows never are: each has two accumulators (kernels.simd) and goes
+# alone, unprefetched (1B shape decode +6%, default model +13%, 6 of 6 alternating runs each,
+# against four rows from K = 4096 and prefetch).
 LONG_ROW = 4096
 LONG_ROW_INT8 = 2048
+NEVER = 1 << 62
 
 
 def long_row(w):
@@ -49,35 +53,44 @@ def long_row(w):
 
 @overload(long_row)
 def _long_row(w):
-    threshold = LONG_ROW_INT8 if w.dtype == types.int8 else LONG_ROW
+    threshold = {types.int8: LONG_ROW_INT8, types.uint16: NEVER}.get(w.dtype, LONG_ROW)
     return lambda w: threshold
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _linear_rows(out, col, w, s, task, xs):
+def _round_rows(w, xb, x):
+    """Each sequence's activations rounded to bfloat16 once, when w's rows are bfloat16."""
+    for b in range(x.shape[0]):
+        round_activation(w, xb, x, b)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _linear_rows(out, col, w, s, task, xs, xbs):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b.
 
     The dot product is inlined (kernels.simd intrinsics, not a call per row, which cost ~15%)
     and summed in row_dot's order: the chunks, then the tail in sequence. Long rows are streamed
     four at a time (see long_row), shorter ones one at a time, as one contiguous stream. While
-    rows sit in L1, every sequence uses them.
+    rows sit in L1, every sequence uses them. Against bfloat16 rows the chunks read xbs, xs
+    already rounded by _round_rows.
     """
     N, K = w.shape
     n0 = task * ROWS_PER_TASK
     n1 = min(N, n0 + ROWS_PER_TASK)
     full = chunked_len(w, K)
+    xc = chunk_operand(w, xs, xbs)
     n = n0
     if K >= long_row(w):
         while n + 4 <= n1:
             for b in range(xs.shape[0]):
-                rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xs[b])
+                rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xc[b])
                 for i in range(n, n + 4):
                     for k in range(full, K):
                         out[b, col + i] += weight_at(w, s, i, k) * activation(w, xs[b, k])
             n += 4
     for i in range(n, n1):
         for b in range(xs.shape[0]):
-            total = weight_dot_chunks(w, s, i, xs[b])
+            total = weight_dot_chunks(w, s, i, xc[b])
             for k in range(full, K):
                 total += weight_at(w, s, i, k) * activation(w, xs[b, k])
             out[b, col + i] = total
@@ -115,6 +128,8 @@ def decode_batch(
     positions,  # (B,) each token's position; slot b's cache holds 0..positions[b]-1
     slots,  # (B,) each sequence's cache slot
     ws,  # workspace: (x (B, H), xn (B, H), qkv (B, q_dim + 2 kv_dim), att (B, q_dim), proj (B, H), gate (B, I), up (B, I), scores (B * nh, ctx))
+    ws_bf16,  # xn, att and gate rounded to bfloat16 bits (uint16, same shapes; used by bfloat16 weights)
+    claims,  # (2, threads) int64: the task shares of each parallel loop (kernels.schedule), one per thread
     norms,  # (input (L, H), post-attention (L, H), final (H,))
     embed,  # (w, s) of the embedding (V, H)
     lm_head,  # (w, s) of the LM head (V, H)
@@ -127,6 +142,7 @@ def decode_batch(
     eps,
 ):
     x, xn, qkv, att, proj, gate, up, scores = ws
+    xn_b, att_b, gate_b = ws_bf16
     in_norm, post_norm, final_norm = norms
     wq, sq, wk, sk, wv, sv, wo, so, wg, sg, wu, su, wd, sd = layers
     b_qkv, b_o, b_gu, b_d = biases
@@ -140,6 +156,7 @@ def decode_batch(
     nh = q_dim // hd
     n_rep = nh // nkv
     R = ROWS_PER_TASK
+    threads = claims.shape[1]
     tq, tkv, th, ti = (q_dim + R - 1) // R, (kv_dim + R - 1) // R, (H + R - 1) // R, (I + R - 1) // R
 
     for b in range(B):
@@ -153,13 +170,18 @@ def decode_batch(
         # h = x + attn(rmsnorm(x))
         for b in range(B):
             rmsnorm_row(xn[b], x[b], in_norm[l], eps)
-        for task in prange(tq + 2 * tkv):  # q | k | v, each task within one matrix
-            if task < tq:
-                _linear_rows(qkv, 0, wq_l, sq_l, task, xn)
-            elif task < tq + tkv:
-                _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn)
-            else:
-                _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn)
+        _round_rows(wq_l, xn_b, xn)
+        start_claims(claims, tq + 2 * tkv, threads)
+        for t in prange(threads):
+            task = claim(claims, t, threads)
+            while task >= 0:  # q | k | v, each task within one matrix
+                if task < tq:
+                    _linear_rows(qkv, 0, wq_l, sq_l, task, xn, xn_b)
+                elif task < tq + tkv:
+                    _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn, xn_b)
+                else:
+                    _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn, xn_b)
+                task = claim(claims, t, threads)
         for b in range(B):
             if b_qkv.shape[1] > 0:
                 for r in range(q_dim + 2 * kv_dim):
@@ -180,26 +202,46 @@ def decode_batch(
             lo = h * hd
             kv = h // n_rep
             attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv], v_pool[slots[b], l, kv], positions[b] + 1, scores[bh])
-        for task in prange(th):
-            _linear_rows(proj, 0, wo_l, so_l, task, att)
+        _round_rows(wo_l, att_b, att)
+        start_claims(claims, th, threads)
+        for t in prange(threads):
+            task = claim(claims, t, threads)
+            while task >= 0:
+                _linear_rows(proj, 0, wo_l, so_l, task, att, att_b)
+                task = claim(claims, t, threads)
         _add_residual(x, proj, b_o, l)
 
         # x = h + mlp(rmsnorm(h))
         for b in range(B):
             rmsnorm_row(xn[b], x[b], post_norm[l], eps)
-        for task in prange(2 * ti):  # gate | up
-            if task < ti:
-                _linear_rows(gate, 0, wg_l, sg_l, task, xn)
-            else:
-                _linear_rows(up, 0, wu_l, su_l, task - ti, xn)
+        _round_rows(wg_l, xn_b, xn)
+        start_claims(claims, 2 * ti, threads)
+        for t in prange(threads):
+            task = claim(claims, t, threads)
+            while task >= 0:  # gate | up
+                if task < ti:
+                    _linear_rows(gate, 0, wg_l, sg_l, task, xn, xn_b)
+                else:
+                    _linear_rows(up, 0, wu_l, su_l, task - ti, xn, xn_b)
+                task = claim(claims, t, threads)
         for b in range(B):
             _silu_mul_rows(gate[b], up[b], b_gu, l)
-        for task in prange(th):
-            _linear_rows(proj, 0, wd_l, sd_l, task, gate)
+        _round_rows(wd_l, gate_b, gate)
+        start_claims(claims, th, threads)
+        for t in prange(threads):
+            task = claim(claims, t, threads)
+            while task >= 0:
+                _linear_rows(proj, 0, wd_l, sd_l, task, gate, gate_b)
+                task = claim(claims, t, threads)
         _add_residual(x, proj, b_d, l)
 
     for b in range(B):
         rmsnorm_row(xn[b], x[b], final_norm, eps)
     head_w, head_s = lm_head
-    for task in prange((logits.shape[1] + R - 1) // R):
-        _linear_rows(logits, 0, head_w, head_s, task, xn)
+    _round_rows(head_w, xn_b, xn)
+    start_claims(claims, (logits.shape[1] + R - 1) // R, threads)
+    for t in prange(threads):
+        task = claim(claims, t, threads)
+        while task >= 0:
+            _linear_rows(logits, 0, head_w, head_s, task, xn, xn_b)
+            task = claim(claims, t, threads)

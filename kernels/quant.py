@@ -17,7 +17,7 @@ from numba.extending import intrinsic, overload
 
 from ._jit import REDUCE_MATH, kernel
 from .lanes import EXACT_MATH
-from .simd import BF16_CHUNK, LANES, QBLOCK, weight_dot_chunks
+from .simd import BF16_CHUNK, LANES, QBLOCK, round_bf16_chunks, weight_dot_chunks
 
 
 @intrinsic
@@ -61,6 +61,32 @@ def _activation(w, v):
     if w.dtype == types.uint16:
         return lambda w, v: _bits_as_f32(np.uint32(bf16_bits(v)) << 16)
     return lambda w, v: v
+
+
+def chunk_operand(w, x, xb):
+    """The activations weight_dot_chunks reads against w's rows: xb, x already rounded to bfloat16
+    bits by round_activation, for bfloat16 weights; x itself otherwise."""
+    raise NotImplementedError
+
+
+@overload(chunk_operand)
+def _chunk_operand(w, x, xb):
+    if w.dtype == types.uint16:
+        return lambda w, x, xb: xb
+    return lambda w, x, xb: x
+
+
+def round_activation(w, xb, x, b):
+    """xb[b] = x[b] rounded to bfloat16 bits over its full 32-element chunks, when w's rows are
+    bfloat16 (rounded once per vector, not once per weight row); nothing otherwise."""
+    raise NotImplementedError
+
+
+@overload(round_activation)
+def _round_activation(w, xb, x, b):
+    if w.dtype == types.uint16:
+        return lambda w, xb, x, b: round_bf16_chunks(xb, x, b)
+    return lambda w, xb, x, b: None
 
 
 def chunked_len(w, K):

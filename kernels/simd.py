@@ -14,8 +14,10 @@ Weight rows come as float32, bfloat16 bits (uint16) or int8 with one float16 sca
 
 bfloat16 rows are the exception: they meet activations rounded to bfloat16 (nearest-even, as
 llama.cpp's BF16 does) in vdpbf16ps, 32 products per instruction, twice float32's FMA rate. Their
-chunks are BF16_CHUNK = 32 elements: lane i accumulates products 2i and 2i+1 of every chunk, then
-the same tree.
+chunks are BF16_CHUNK = 32 elements: lane i accumulates products 2i and 2i+1 of every chunk, in
+two accumulators, even chunks and odd chunks, added lane by lane before the same tree. One chain
+of vdpbf16ps waits on its latency: a core streamed a row of 2048 at 22 GB/s with one accumulator,
+30 with two; several rows side by side did worse (15-19), their 4 KiB rows sharing L1 sets.
 """
 
 from llvmlite import ir
@@ -111,6 +113,7 @@ class _BFloat(ir.Type):
 
 
 BF16_CHUNK = 32
+BF16_ACCS = 2  # accumulators of a bfloat16 row: even chunks, odd chunks
 BF16_VEC = ir.VectorType(_BFloat(), BF16_CHUNK)
 I16_VEC = ir.VectorType(ir.IntType(16), BF16_CHUNK)
 
@@ -204,11 +207,12 @@ def sum_chunks(typingctx, a, n):
     return sig, codegen
 
 
-# Weight loops ask for the data this many bytes ahead (into the next rows, past a row's end),
-# once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts on every
-# row. Measured: 2 KiB ahead, bfloat16 decode ~+15% on both model shapes; 4 KiB over 2 KiB,
-# default-model decode int8 +10%, bfloat16 +2%, float32 +4% (8 KiB: the same as 4). A prefetch
-# per 16-weight chunk (four per line at int8) cost more than it gained.
+# float32 and int8 weight loops ask for the data this many bytes ahead (into the next rows, past a
+# row's end), once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts
+# on every row. Measured: 2 KiB ahead, bfloat16 decode ~+15% on both model shapes (with one
+# accumulator per row; with two, bfloat16 rows are faster without); 4 KiB over 2 KiB,
+# default-model decode int8 +10%, float32 +4% (8 KiB: the same as 4). A prefetch per 16-weight
+# chunk (four per line at int8) cost more than it gained.
 PREFETCH_BYTES = 4096
 LINE_BYTES = 64
 
@@ -223,25 +227,30 @@ def _prefetch(builder, ptr):
 class _WeightRow:
     """Weight row n (f32 / bf16 bits / int8 + scales), read `chunk` elements at a time: load(i)
     gives the weights from element i (16 float32, or 32 bfloat16), x_chunk(px, i) the matching
-    activations of float32 x, term(acc, w, xv) adds their products; prefetch(i) asks for the line
-    PREFETCH_BYTES past element i; K is the row length."""
+    activations of x (xty: float32, or for bfloat16 rows also bfloat16 bits already rounded, which
+    saves the rounding per row), term(acc, w, xv) adds their products; prefetch(i) asks for the
+    line PREFETCH_BYTES past element i; K is the row length."""
 
-    def __init__(self, context, builder, wty, sty, w, s, n):
+    def __init__(self, context, builder, wty, sty, w, s, n, xty):
         warr = context.make_array(wty)(context, builder, w)
         self.K = K = builder.extract_value(warr.shape, 1)
         self.builder = builder
         self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
         self.chunk, x_chunk, term = LANES, _load_f32, _fma_acc
+        self.accs = 1  # accumulators per row: chunk c goes to accumulator c % accs
+        self.prefetched = wty.dtype != types.uint16  # bfloat16 rows measured faster without
         if wty.dtype == types.float32:
             self.load = lambda i: _load_f32(builder, self.ptr, i)
         elif wty.dtype == types.uint16:
-            self.chunk, x_chunk, term = BF16_CHUNK, _round_bf16_chunk, _dpbf16
+            self.chunk, term, self.accs = BF16_CHUNK, _dpbf16, BF16_ACCS
+            x_chunk = _load_bf16_chunk if xty.dtype == types.uint16 else _round_bf16_chunk
             self.load = lambda i: _load_bf16_chunk(builder, self.ptr, i)
         else:
             sarr = context.make_array(sty)(context, builder, s)
             ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=ir.IntType(16))
             self.load = lambda i: _load_int8(builder, self.ptr, ps, i)
+        self.x_elem = ir.IntType(16) if x_chunk is _load_bf16_chunk else F32
         self.x_chunk = lambda px, i: x_chunk(builder, px, i)
         self.term = lambda acc, w, xv: term(builder, acc, w, xv)
 
@@ -256,36 +265,57 @@ class _WeightRow:
 
 
 def _weight_loop(builder, rows, body, rows_below=0):
-    """Loop over the full chunks of weight rows (all of one length and precision), one
-    accumulator per row, with one prefetch per row and 64-byte line (see _WeightRow.prefetch): the
-    chunks of a line (1 for float32 and bfloat16, 4 for int8) run in one step, in their usual
-    order; the chunks after the last whole line without prefetch."""
-    K, chunk = rows[0].K, rows[0].chunk
+    """Loop over the full chunks of weight rows (all of one length and precision), with one
+    prefetch per row and 64-byte line (see _WeightRow.prefetch). body(i, accs) adds the chunks at
+    element i to one accumulator per row; a row has `accs` of them, chunk c going to accumulator
+    c % accs. Each step takes whole lines (1 chunk for float32 and bfloat16, 4 for int8) and
+    whole rounds of accumulators; the chunks after the last step go without prefetch. Returns one
+    vector per row: its accumulators added lane by lane (the row's canonical order)."""
+    K, chunk, A = rows[0].K, rows[0].chunk, rows[0].accs
     per_line = LINE_BYTES // (chunk * rows[0].width)
+    group = max(per_line, A)  # chunks per step; a multiple of both
     zero = ir.Constant(VEC, [0.0] * LANES)
 
-    def line(i, accs):
-        for row in rows:
-            row.prefetch(i, rows_below)
-        for u in range(per_line):
-            accs = body(builder.add(i, I64(u * chunk)), accs)
-        return accs
+    def steps(chunks, prefetch):
+        def step(i, flat):  # flat[a * R + r]: accumulator a of row r
+            if prefetch and rows[0].prefetched:
+                for u in range(0, chunks, per_line):
+                    for row in rows:
+                        row.prefetch(builder.add(i, I64(u * chunk)), rows_below)
+            flat = list(flat)
+            for u in range(chunks):
+                a = (u % A) * len(rows)
+                flat[a : a + len(rows)] = body(builder.add(i, I64(u * chunk)), flat[a : a + len(rows)])
+            return flat
 
-    lines_end = builder.and_(K, I64(-chunk * per_line))
-    accs = _loop(builder, I64(0), lines_end, chunk * per_line, [zero] * len(rows), line)
-    return _loop(builder, lines_end, builder.and_(K, I64(-chunk)), chunk, accs, body)
+        return step
+
+    full = builder.and_(K, I64(-chunk))
+    groups_end = builder.and_(K, I64(-chunk * group))
+    flat = _loop(builder, I64(0), groups_end, chunk * group, [zero] * (A * len(rows)), steps(group, True))
+    # the rest: whole rounds of accumulators, then (A = 2) at most one chunk, which is even
+    rounds_end = builder.sub(full, builder.srem(builder.sub(full, groups_end), I64(chunk * A)))
+    flat = _loop(builder, groups_end, rounds_end, chunk * A, flat, steps(A, False))
+    flat = _loop(builder, rounds_end, full, chunk, flat, steps(1, False))
+    out = flat[: len(rows)]
+    for a in range(1, A):
+        out = [builder.fadd(o, f) for o, f in zip(out, flat[a * len(rows) : (a + 1) * len(rows)])]
+    return out
 
 
 @intrinsic
 def weight_dot_chunks(typingctx, w, s, n, x):
     """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, over the
-    row's full chunks (kernels.quant.chunked_len)."""
+    row's full chunks (kernels.quant.chunked_len). Against bfloat16 rows x may also come rounded
+    already (uint16 bits, kernels.quant.round_activation): the same products, fewer instructions."""
+    if x.dtype == types.uint16 and w.dtype != types.uint16:
+        return None  # pre-rounded activations only meet bfloat16 rows
     sig = types.float32(w, s, n, x)
 
     def codegen(context, builder, signature, args):
         wty, sty, _, xty = signature.args
-        row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None))
-        px = _data(context, builder, xty, args[3], I64(0), F32)
+        row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None), xty)
+        px = _data(context, builder, xty, args[3], I64(0), row.x_elem)
         (acc,) = _weight_loop(builder, [row], lambda i, accs: [row.term(accs[0], row.load(i), row.x_chunk(px, i))])
         return _reduce(builder, acc)
 
@@ -297,11 +327,12 @@ def _fma_acc(builder, acc, a, b):
     return _fma(builder, a, b, acc)
 
 
-def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES):
+def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES, accs=1):
     """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
     its own accumulator (8 loads feed 16 multiply-adds), reduced together: a vector, lane 4 j + c.
     float32 by default; bfloat16 rows and columns with load=_load_bf16_chunk, term=_dpbf16,
-    chunk=BF16_CHUNK."""
+    chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
+    lane by lane (a weight row's order, _weight_loop)."""
 
     def body(i, accs):
         rv = [load(builder, p, i) for p in rows]
@@ -312,8 +343,15 @@ def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES
         return out
 
     zero = ir.Constant(VEC, [0.0] * LANES)
-    accs = _loop(builder, I64(0), builder.and_(n, I64(-chunk)), chunk, [zero] * 16, body)
-    return _reduce16_vector(builder, accs)
+    full = builder.and_(n, I64(-chunk))
+    # chunks a, a + accs, a + 2 accs, ..: _loop steps while i + step - 1 < stop, so stop is
+    # raised by the stride less one chunk to take the last chunk of each pass
+    stop = builder.add(full, I64(chunk * (accs - 1)))
+    passes = [_loop(builder, I64(a * chunk), stop, chunk * accs, [zero] * 16, body) for a in range(accs)]
+    total = passes[0]
+    for p in passes[1:]:
+        total = [builder.fadd(t, v) for t, v in zip(total, p)]
+    return _reduce16_vector(builder, total)
 
 
 @intrinsic
@@ -323,13 +361,15 @@ def rows_dot4(typingctx, out, o, w, s, n, x):
     exactly the single-row order. `out` is a C-contiguous array, `o` a flat element offset.
     Faster than one row at a time for long rows (see kernels.decode.long_row).
     """
+    if x.dtype == types.uint16 and w.dtype != types.uint16:
+        return None
     sig = types.void(out, o, w, s, n, x)
 
     def codegen(context, builder, signature, args):
         oty, _, wty, sty, _, xty = signature.args
         n = _i64(builder, args[4], None)
-        rows = [_WeightRow(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r))) for r in range(4)]
-        px = _data(context, builder, xty, args[5], I64(0), F32)
+        rows = [_WeightRow(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r)), xty) for r in range(4)]
+        px = _data(context, builder, xty, args[5], I64(0), rows[0].x_elem)
         po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
 
         def body(i, accs):
@@ -389,7 +429,7 @@ def bf16_tile_dot_4x4(typingctx, w, n, xb, t):
         I16 = ir.IntType(16)
         rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(j)), K)], source_etype=I16) for j in range(4)]
         toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
-        result = _tile_4x4(builder, rows, toks, K, load=_load_bf16_chunk, term=_dpbf16, chunk=BF16_CHUNK)
+        result = _tile_4x4(builder, rows, toks, K, load=_load_bf16_chunk, term=_dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS)
         sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
         return context.make_tuple(builder, signature.return_type, sums)
 

@@ -85,6 +85,12 @@ class Workspace:
         self.pos = np.zeros(rows, np.int64)
         self.slots = np.zeros(rows, np.int64)
         self.logits = np.zeros((sequences, cfg.vocab_size), f)
+        # decode against bfloat16 weights: xn, att and gate rounded to bfloat16 once per step
+        bf16_rows = rows if decode else 0
+        self.xn_bf16 = np.zeros((bf16_rows, H), np.uint16)
+        self.att_bf16 = np.zeros((bf16_rows, cfg.q_dim), np.uint16)
+        self.gate_bf16 = np.zeros((bf16_rows, I), np.uint16)
+        self.claims = np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64)  # kernels.schedule
 
 
 class Model:
@@ -185,8 +191,9 @@ class Model:
             ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.proj[:B], ws.gate[:B], ws.up[:B],
             ws.scores[: B * self.config.num_attention_heads],
         )
+        bf16 = (ws.xn_bf16[:B], ws.att_bf16[:B], ws.gate_bf16[:B])
         K.decode_batch(
-            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, *self._decode_weights,
+            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, bf16, ws.claims, *self._decode_weights,
             k_pool, v_pool, self.cos, self.sin, self.config.rms_norm_eps,
         )
 
