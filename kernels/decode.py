@@ -97,6 +97,16 @@ def _linear_rows(out, col, w, s, task, xs, xbs):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _linear_share(out, w, s, xs, xbs, claims, t, threads):
+    """Thread t's part of out = xs @ w.T: the tasks it claims (kernels.schedule), run by
+    _linear_rows. The body of a parallel loop over threads; holds no parallel loop itself."""
+    task = claim(claims, t, threads)
+    while task >= 0:
+        _linear_rows(out, 0, w, s, task, xs, xbs)
+        task = claim(claims, t, threads)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _silu_mul_rows(gate, up, bias, l):
     """gate = silu(gate + bias) * (up + bias), bias being layer l's (gate | up) row when the model has
     biases. The SiLU loop vectorises (kernels.expf.divide): as a scalar loop it took ~4% of an
@@ -205,10 +215,7 @@ def decode_batch(
         _round_rows(wo_l, att_b, att)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            task = claim(claims, t, threads)
-            while task >= 0:
-                _linear_rows(proj, 0, wo_l, so_l, task, att, att_b)
-                task = claim(claims, t, threads)
+            _linear_share(proj, wo_l, so_l, att, att_b, claims, t, threads)
         _add_residual(x, proj, b_o, l)
 
         # x = h + mlp(rmsnorm(h))
@@ -229,10 +236,7 @@ def decode_batch(
         _round_rows(wd_l, gate_b, gate)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            task = claim(claims, t, threads)
-            while task >= 0:
-                _linear_rows(proj, 0, wd_l, sd_l, task, gate, gate_b)
-                task = claim(claims, t, threads)
+            _linear_share(proj, wd_l, sd_l, gate, gate_b, claims, t, threads)
         _add_residual(x, proj, b_d, l)
 
     for b in range(B):
@@ -241,7 +245,4 @@ def decode_batch(
     _round_rows(head_w, xn_b, xn)
     start_claims(claims, (logits.shape[1] + R - 1) // R, threads)
     for t in prange(threads):
-        task = claim(claims, t, threads)
-        while task >= 0:
-            _linear_rows(logits, 0, head_w, head_s, task, xn, xn_b)
-            task = claim(claims, t, threads)
+        _linear_share(logits, head_w, head_s, xn, xn_b, claims, t, threads)
