@@ -21,7 +21,7 @@ from numba.extending import overload
 from ._jit import kernel
 from .attention import attend
 from .lanes import EXACT_MATH
-from .quant import activation, chunk_operand, chunked_len, round_activation, row_get, weight_at
+from .quant import activation, chunk_operand, chunked_len, prepare_operand, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
 from .schedule import claim, start_claims
@@ -30,19 +30,15 @@ from .swiglu import silu_mul
 
 ROWS_PER_TASK = 16
 
-# From this row length on, float32 and int8 weight rows are streamed four at a time. One row's sum
-# is one chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order window,
-# long ones do not and leave the loop waiting on FMA latency. Measured at K = 8192: int8 33 vs
-# 19 GB/s. Below it one row at a time is as fast or faster, float32 included: one stream,
-# prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows, 8 of 8 alternating
-# runs). An int8 chunk costs twice a bfloat16 chunk's instructions for half its weights (widen,
-# scale, then the FMA), so its rows fill the window sooner: at K = 2048 (the 1B shape) four rows
-# decode +33% faster (8 of 8 alternating runs); at K = 1536 (the default model's down rows) int8
-# ties (4 of 8). bfloat16 rows never are: each has two accumulators (kernels.simd) and goes
-# alone, unprefetched (1B shape decode +6%, default model +13%, 6 of 6 alternating runs each,
-# against four rows from K = 4096 and prefetch).
+# From this row length on, float32 weight rows are streamed four at a time. One row's sum is one
+# chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order window, long
+# ones do not and leave the loop waiting on FMA latency. Below it one row at a time is as fast or
+# faster: one stream, prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows,
+# 8 of 8 alternating runs). bfloat16 and int8 rows never are: a bfloat16 row has two
+# accumulators (kernels.simd) and goes alone, unprefetched (1B shape decode +6%, default model
+# +13%, 6 of 6 alternating runs each, against four rows from K = 4096 and prefetch); an int8
+# block is one vpdpwssd and one FMA for 32 weights, so one row's chain keeps up with memory.
 LONG_ROW = 4096
-LONG_ROW_INT8 = 2048
 NEVER = 1 << 62
 
 
@@ -53,56 +49,56 @@ def long_row(w):
 
 @overload(long_row)
 def _long_row(w):
-    threshold = {types.int8: LONG_ROW_INT8, types.uint16: NEVER}.get(w.dtype, LONG_ROW)
+    threshold = LONG_ROW if w.dtype == types.float32 else NEVER
     return lambda w: threshold
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _round_rows(w, xb, x):
-    """Each sequence's activations rounded to bfloat16 once, when w's rows are bfloat16."""
+def _prepare_rows(w, xo, xs, x):
+    """Each sequence's activations prepared once for w's rows (kernels.quant.prepare_operand)."""
     for b in range(x.shape[0]):
-        round_activation(w, xb, x, b)
+        prepare_operand(w, xo, xs, x, b)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _linear_rows(out, col, w, s, task, xs, xbs):
+def _linear_rows(out, col, w, s, task, xs, xos, xss):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b.
 
     The dot product is inlined (kernels.simd intrinsics, not a call per row, which cost ~15%)
     and summed in row_dot's order: the chunks, then the tail in sequence. Long rows are streamed
     four at a time (see long_row), shorter ones one at a time, as one contiguous stream. While
-    rows sit in L1, every sequence uses them. Against bfloat16 rows the chunks read xbs, xs
-    already rounded by _round_rows.
+    rows sit in L1, every sequence uses them. Against bfloat16 and int8 rows the chunks read
+    xos (and the block scales xss), xs as _prepare_rows left it.
     """
     N, K = w.shape
     n0 = task * ROWS_PER_TASK
     n1 = min(N, n0 + ROWS_PER_TASK)
     full = chunked_len(w, K)
-    xc = chunk_operand(w, xs, xbs)
+    xc = chunk_operand(w, xs, xos)
     n = n0
     if K >= long_row(w):
         while n + 4 <= n1:
             for b in range(xs.shape[0]):
-                rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xc[b])
+                rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xc[b], xss[b])
                 for i in range(n, n + 4):
                     for k in range(full, K):
                         out[b, col + i] += weight_at(w, s, i, k) * activation(w, xs[b, k])
             n += 4
     for i in range(n, n1):
         for b in range(xs.shape[0]):
-            total = weight_dot_chunks(w, s, i, xc[b])
+            total = weight_dot_chunks(w, s, i, xc[b], xss[b])
             for k in range(full, K):
                 total += weight_at(w, s, i, k) * activation(w, xs[b, k])
             out[b, col + i] = total
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _linear_share(out, w, s, xs, xbs, claims, t, threads):
+def _linear_share(out, w, s, xs, xos, xss, claims, t, threads):
     """Thread t's part of out = xs @ w.T: the tasks it claims (kernels.schedule), run by
     _linear_rows. The body of a parallel loop over threads; holds no parallel loop itself."""
     task = claim(claims, t, threads)
     while task >= 0:
-        _linear_rows(out, 0, w, s, task, xs, xbs)
+        _linear_rows(out, 0, w, s, task, xs, xos, xss)
         task = claim(claims, t, threads)
 
 
@@ -138,7 +134,9 @@ def decode_batch(
     positions,  # (B,) each token's position; slot b's cache holds 0..positions[b]-1
     slots,  # (B,) each sequence's cache slot
     ws,  # workspace: (x (B, H), xn (B, H), qkv (B, q_dim + 2 kv_dim), att (B, q_dim), proj (B, H), gate (B, I), up (B, I), scores (B * nh, ctx))
-    ws_bf16,  # xn, att and gate rounded to bfloat16 bits (uint16, same shapes; used by bfloat16 weights)
+    ws_ops,  # xn, att and gate as the weights' dot products read them (kernels.quant.prepare_operand):
+    # bfloat16 bits (uint16) or int16 values, same shapes; width 0 for float32 weights
+    ws_scales,  # their int16 block scales (float32 (B, dim // 32); width 0 unless int8)
     claims,  # (2, threads) int64: the task shares of each parallel loop (kernels.schedule), one per thread
     norms,  # (input (L, H), post-attention (L, H), final (H,))
     embed,  # (w, s) of the embedding (V, H)
@@ -152,7 +150,8 @@ def decode_batch(
     eps,
 ):
     x, xn, qkv, att, proj, gate, up, scores = ws
-    xn_b, att_b, gate_b = ws_bf16
+    xn_o, att_o, gate_o = ws_ops
+    xn_s, att_s, gate_s = ws_scales
     in_norm, post_norm, final_norm = norms
     wq, sq, wk, sk, wv, sv, wo, so, wg, sg, wu, su, wd, sd = layers
     b_qkv, b_o, b_gu, b_d = biases
@@ -180,17 +179,17 @@ def decode_batch(
         # h = x + attn(rmsnorm(x))
         for b in range(B):
             rmsnorm_row(xn[b], x[b], in_norm[l], eps)
-        _round_rows(wq_l, xn_b, xn)
+        _prepare_rows(wq_l, xn_o, xn_s, xn)
         start_claims(claims, tq + 2 * tkv, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
             while task >= 0:  # q | k | v, each task within one matrix
                 if task < tq:
-                    _linear_rows(qkv, 0, wq_l, sq_l, task, xn, xn_b)
+                    _linear_rows(qkv, 0, wq_l, sq_l, task, xn, xn_o, xn_s)
                 elif task < tq + tkv:
-                    _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn, xn_b)
+                    _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn, xn_o, xn_s)
                 else:
-                    _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn, xn_b)
+                    _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn, xn_o, xn_s)
                 task = claim(claims, t, threads)
         for b in range(B):
             if b_qkv.shape[1] > 0:
@@ -212,37 +211,37 @@ def decode_batch(
             lo = h * hd
             kv = h // n_rep
             attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv], v_pool[slots[b], l, kv], positions[b] + 1, scores[bh])
-        _round_rows(wo_l, att_b, att)
+        _prepare_rows(wo_l, att_o, att_s, att)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            _linear_share(proj, wo_l, so_l, att, att_b, claims, t, threads)
+            _linear_share(proj, wo_l, so_l, att, att_o, att_s, claims, t, threads)
         _add_residual(x, proj, b_o, l)
 
         # x = h + mlp(rmsnorm(h))
         for b in range(B):
             rmsnorm_row(xn[b], x[b], post_norm[l], eps)
-        _round_rows(wg_l, xn_b, xn)
+        _prepare_rows(wg_l, xn_o, xn_s, xn)
         start_claims(claims, 2 * ti, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
             while task >= 0:  # gate | up
                 if task < ti:
-                    _linear_rows(gate, 0, wg_l, sg_l, task, xn, xn_b)
+                    _linear_rows(gate, 0, wg_l, sg_l, task, xn, xn_o, xn_s)
                 else:
-                    _linear_rows(up, 0, wu_l, su_l, task - ti, xn, xn_b)
+                    _linear_rows(up, 0, wu_l, su_l, task - ti, xn, xn_o, xn_s)
                 task = claim(claims, t, threads)
         for b in range(B):
             _silu_mul_rows(gate[b], up[b], b_gu, l)
-        _round_rows(wd_l, gate_b, gate)
+        _prepare_rows(wd_l, gate_o, gate_s, gate)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            _linear_share(proj, wd_l, sd_l, gate, gate_b, claims, t, threads)
+            _linear_share(proj, wd_l, sd_l, gate, gate_o, gate_s, claims, t, threads)
         _add_residual(x, proj, b_d, l)
 
     for b in range(B):
         rmsnorm_row(xn[b], x[b], final_norm, eps)
     head_w, head_s = lm_head
-    _round_rows(head_w, xn_b, xn)
+    _prepare_rows(head_w, xn_o, xn_s, xn)
     start_claims(claims, (logits.shape[1] + R - 1) // R, threads)
     for t in prange(threads):
-        _linear_share(logits, head_w, head_s, xn, xn_b, claims, t, threads)
+        _linear_share(logits, head_w, head_s, xn, xn_o, xn_s, claims, t, threads)

@@ -6,40 +6,44 @@ decode path) to the last bit.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ._jit import kernel
 from .lanes import EXACT_MATH
-from .quant import activation, chunked_len, row_dot, row_get, weight_at
-from .simd import LANES, bf16_tile_dot_4x4, dot_chunks, round_bf16_chunks, tile_dot_4x4
+from .quant import activation, chunked_len, operand_buffers, prepare_operand, row_dot, row_get, weight_at
+from .simd import LANES, QBLOCK, bf16_tile_dot_4x4, dot_chunks, int8_tile_dot_4x4, tile_dot_4x4
 
-# Weight rows per task (widened into a float32 tile, except bfloat16): with 4 token rows they stay
-# in L1 at K = 576 (16 rows measured 5-10% slower).
+# Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
+# slower, when int8 rows were still widened into a float32 tile).
 ROWS_PER_TASK = 8
 
 
 @kernel(fastmath=EXACT_MATH)
 def matvec(out, x, w, s):
     """One token: W (N, K) @ x (K,) -> out (N,). Parallel over blocks of output rows."""
-    N = w.shape[0]
+    N, K = w.shape
+    x2 = x.reshape((1, K))
+    xo, xs = operand_buffers(w, 1, K)
+    prepare_operand(w, xo, xs, x2, 0)
     for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            out[n] = row_dot(w, s, n, x)
+            out[n] = row_dot(w, s, n, x, xo[0], xs[0])
 
 
 def matmul(out, x, w, s):
     """Many tokens: x (T, K) @ W (N, K).T -> out (T, N)."""
-    if w.dtype == np.uint16:
-        _matmul_bf16(out, x, w, s)
+    if w.dtype == np.float32:
+        _matmul_f32(out, x, w, s)
     else:
-        _matmul_widened(out, x, w, s)
+        _matmul_prepared(out, x, w, s)
 
 
 @kernel(fastmath=EXACT_MATH)
-def _matmul_widened(out, x, w, s):
-    """float32 and int8 weights.
+def _matmul_f32(out, x, w, s):
+    """float32 weights.
 
-    Each task widens 8 weight rows to a float32 tile (cache-resident), then runs a register tile
+    Each task copies 8 weight rows to a float32 tile (cache-resident), then runs a register tile
     of 4 tokens x 4 rows over it (kernels.simd.tile_dot_4x4): 16 accumulators share 8 loads, so
     the loop is bound by FMAs, not loads. Sums follow row_dot's fixed order, so every output equals
     the decode path's dot product to the last bit.
@@ -73,25 +77,53 @@ def _matmul_widened(out, x, w, s):
                 out[tt, n] = _tile_dot(tile, n - n0, x, tt)
 
 
+def prepared_tile_4x4(w, s, n, xo, xs, t, table):
+    """Rows n..n+3 of bfloat16 or int8 weights against tokens t..t+3 of prepare_operand's xo (xs):
+    16 sums over the full chunks, row-major by token, each equal to the decode's dot product.
+    table: float32 scratch of 16 per block of 32 (int8's scale products)."""
+    raise NotImplementedError
+
+
+@overload(prepared_tile_4x4, inline="always")
+def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
+    if w.dtype == types.uint16:
+        return lambda w, s, n, xo, xs, t, table: bf16_tile_dot_4x4(w, n, xo, t)
+    if w.dtype == types.int8:
+        return lambda w, s, n, xo, xs, t, table: int8_tile_dot_4x4(w, s, n, xo, xs, t, table)
+
+
+def tile_scratch(w, K):
+    """The `table` prepared_tile_4x4 needs for rows of K: 16 floats per int8 block, else none."""
+    raise NotImplementedError
+
+
+@overload(tile_scratch, inline="always")
+def _tile_scratch(w, K):
+    per_block = 16 if w.dtype == types.int8 else 0
+    return lambda w, K: np.empty(per_block * (K // QBLOCK), np.float32)
+
+
 @kernel(fastmath=EXACT_MATH)
-def _matmul_bf16(out, x, w, s):
-    """bfloat16 weights: x is rounded to bfloat16 once (kernels.quant.activation), then 4 x 4
-    register tiles of vdpbf16ps run straight over the weight rows, which need no widening."""
+def _matmul_prepared(out, x, w, s):
+    """bfloat16 and int8 weights: x is prepared once (kernels.quant.prepare_operand: rounded to
+    bfloat16, or quantized to int16 per block), then 4 x 4 register tiles of vdpbf16ps or
+    vpdpwssd run straight over the weight rows, which need no widening."""
     T, K = x.shape
     N = w.shape[0]
     RB = ROWS_PER_TASK
     full = chunked_len(w, K)
-    xb = np.empty((T, K), np.uint16)
+    xo, xs = operand_buffers(w, T, K)
     for t in prange(T):
-        round_bf16_chunks(xb, x, t)
+        prepare_operand(w, xo, xs, x, t)
     for task in prange((N + RB - 1) // RB):
         n0 = task * RB
         n1 = min(N, n0 + RB)
+        table = tile_scratch(w, K)
         t = 0
         while t + 4 <= T:
             n = n0
             while n + 4 <= n1:
-                d = bf16_tile_dot_4x4(w, n, xb, t)
+                d = prepared_tile_4x4(w, s, n, xo, xs, t, table)
                 _store4(out, t, n, d[0], d[1], d[2], d[3], w, s, n, x, full)
                 _store4(out, t + 1, n, d[4], d[5], d[6], d[7], w, s, n, x, full)
                 _store4(out, t + 2, n, d[8], d[9], d[10], d[11], w, s, n, x, full)
@@ -99,11 +131,11 @@ def _matmul_bf16(out, x, w, s):
                 n += 4
             for n in range(n, n1):  # the last rows of a partial block
                 for tt in range(t, t + 4):
-                    out[tt, n] = row_dot(w, s, n, x[tt])
+                    out[tt, n] = row_dot(w, s, n, x[tt], xo[tt], xs[tt])
             t += 4
         for tt in range(t, T):  # the last T % 4 tokens
             for n in range(n0, n1):
-                out[tt, n] = row_dot(w, s, n, x[tt])
+                out[tt, n] = row_dot(w, s, n, x[tt], xo[tt], xs[tt])
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")  # 16 calls per register tile: no call overhead

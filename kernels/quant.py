@@ -2,12 +2,14 @@
 of 32 along the input dimension with one float16 scale each (uint16 bits), as llama.cpp's Q8_0:
 34 bytes per 32 weights. Every weight q * scale is exact in float32 (8 + 11 significant bits).
 
-`row_dot(w, s, n, x)` is the one dot product every linear kernel uses: weight row n against a
-float32 vector, accumulated in float32, in a fixed summation order. It is specialised at compile
-time on the weight dtype; `s` holds the int8 scales and is an ignored (1, 1) array otherwise.
-float32 and int8 rows are widened to float32 in registers. bfloat16 rows meet x rounded to
-bfloat16 (`activation`), as in llama.cpp's BF16 path: each product is exact in float32, and
-vdpbf16ps does 32 of them per instruction, which doubles the prefill's arithmetic rate.
+`row_dot` is the one dot product every linear kernel uses: weight row n against a float32
+vector, accumulated in float32, in a fixed summation order. It is specialised at compile time on
+the weight dtype; `s` holds the int8 scales and is an ignored (1, 1) array otherwise. float32
+rows are used as they are. bfloat16 rows meet x rounded to bfloat16 (`activation`), as in
+llama.cpp's BF16 path: each product is exact in float32, and vdpbf16ps does 32 of them per
+instruction, which doubles the prefill's arithmetic rate. int8 rows meet x quantized to int16
+per block of 32 (`kernels.simd.quantize_blocks`; llama.cpp quantizes to int8): 32 exact integer
+products per vpdpwssd. Either way x is prepared once per vector (`prepare_operand`).
 """
 
 import numpy as np
@@ -17,7 +19,7 @@ from numba.extending import intrinsic, overload
 
 from ._jit import REDUCE_MATH, kernel
 from .lanes import EXACT_MATH
-from .simd import BF16_CHUNK, LANES, QBLOCK, round_bf16_chunks, weight_dot_chunks
+from .simd import BF16_CHUNK, LANES, QBLOCK, quantize_blocks, round_bf16_chunks, weight_dot_chunks
 
 
 @intrinsic
@@ -63,41 +65,66 @@ def _activation(w, v):
     return lambda w, v: v
 
 
-def chunk_operand(w, x, xb):
-    """The activations weight_dot_chunks reads against w's rows: xb, x already rounded to bfloat16
-    bits by round_activation, for bfloat16 weights; x itself otherwise."""
+@kernel()
+def quantize_activations(xq, xs, x):
+    """Every row of x (T, K) quantized to int16 per block, as int8 weights meet it
+    (kernels.simd.quantize_blocks): xq (T, K), xs (T, K // QBLOCK)."""
+    for b in prange(x.shape[0]):
+        quantize_blocks(xq, xs, x, b)
+
+
+def prepare_operand(w, xo, xs, x, b):
+    """Row b of x as the dot products against w's rows read it: rounded to bfloat16 bits into
+    xo[b] for bfloat16 weights, quantized to int16 into xo[b] with block scales xs[b] for int8
+    (once per vector, not once per weight row); nothing for float32."""
+    raise NotImplementedError
+
+
+@overload(prepare_operand)
+def _prepare_operand(w, xo, xs, x, b):
+    if w.dtype == types.uint16:
+        return lambda w, xo, xs, x, b: round_bf16_chunks(xo, x, b)
+    if w.dtype == types.int8:
+        return lambda w, xo, xs, x, b: quantize_blocks(xo, xs, x, b)
+    return lambda w, xo, xs, x, b: None
+
+
+def chunk_operand(w, x, xo):
+    """The activations weight_dot_chunks reads against w's rows: xo (prepare_operand's) for
+    bfloat16 and int8 weights, x itself for float32."""
     raise NotImplementedError
 
 
 @overload(chunk_operand)
-def _chunk_operand(w, x, xb):
-    if w.dtype == types.uint16:
-        return lambda w, x, xb: xb
-    return lambda w, x, xb: x
+def _chunk_operand(w, x, xo):
+    if w.dtype == types.float32:
+        return lambda w, x, xo: x
+    return lambda w, x, xo: xo
 
 
-def round_activation(w, xb, x, b):
-    """xb[b] = x[b] rounded to bfloat16 bits over its full 32-element chunks, when w's rows are
-    bfloat16 (rounded once per vector, not once per weight row); nothing otherwise."""
+def operand_buffers(w, T, K):
+    """(xo, xs) for prepare_operand of T vectors of K against w's precision."""
     raise NotImplementedError
 
 
-@overload(round_activation)
-def _round_activation(w, xb, x, b):
+@overload(operand_buffers)
+def _operand_buffers(w, T, K):
+    if w.dtype == types.int8:
+        return lambda w, T, K: (np.empty((T, K), np.int16), np.empty((T, K // QBLOCK), np.float32))
     if w.dtype == types.uint16:
-        return lambda w, xb, x, b: round_bf16_chunks(xb, x, b)
-    return lambda w, xb, x, b: None
+        return lambda w, T, K: (np.empty((T, K), np.uint16), np.empty((T, 0), np.float32))
+    return lambda w, T, K: (np.empty((T, 0), np.float32), np.empty((T, 0), np.float32))  # x itself
 
 
 def chunked_len(w, K):
-    """How many of a row's K elements weight_dot_chunks sums in whole chunks (32 for bfloat16,
-    16 otherwise); the rest, the tail, is added in sequence after."""
+    """How many of a row's K elements weight_dot_chunks sums in whole chunks (32 for bfloat16 and
+    int8, 16 for float32); the rest, the tail, is added in sequence after, in float32."""
     raise NotImplementedError
 
 
 @overload(chunked_len)
 def _chunked_len(w, K):
-    chunk = BF16_CHUNK if w.dtype == types.uint16 else LANES
+    chunk = {types.uint16: BF16_CHUNK, types.int8: QBLOCK}.get(w.dtype, LANES)
     return lambda w, K: K - K % chunk
 
 
@@ -139,16 +166,18 @@ def _weight_at(w, s, n, k):
         return lambda w, s, n, k: np.float32(w[n, k]) * f16_value(s[n, k // QBLOCK])
 
 
-def row_dot(w, s, n, x):
-    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.simd."""
+def row_dot(w, s, n, x, xo, xs):
+    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.simd:
+    the full chunks from chunk_operand(w, x, xo) (xo, xs: row b of prepare_operand's buffers),
+    then the tail of x in sequence."""
     raise NotImplementedError
 
 
 @overload(row_dot, jit_options={"fastmath": EXACT_MATH})
-def _row_dot(w, s, n, x):
-    def dot(w, s, n, x):
+def _row_dot(w, s, n, x, xo, xs):
+    def dot(w, s, n, x, xo, xs):
         K = w.shape[1]
-        total = weight_dot_chunks(w, s, n, x)
+        total = weight_dot_chunks(w, s, n, chunk_operand(w, x, xo), xs)
         for k in range(chunked_len(w, K), K):
             total += weight_at(w, s, n, k) * activation(w, x[k])
         return total

@@ -12,12 +12,14 @@ on how LLVM vectorises each call site), hence explicit vectors.
 Operands are (array, element offset) pairs; the chunk loops read `n - n % LANES` elements.
 Weight rows come as float32, bfloat16 bits (uint16) or int8 with one float16 scale (uint16 bits) per 32.
 
-bfloat16 rows are the exception: they meet activations rounded to bfloat16 (nearest-even, as
-llama.cpp's BF16 does) in vdpbf16ps, 32 products per instruction, twice float32's FMA rate. Their
-chunks are BF16_CHUNK = 32 elements: lane i accumulates products 2i and 2i+1 of every chunk, in
-two accumulators, even chunks and odd chunks, added lane by lane before the same tree. One chain
-of vdpbf16ps waits on its latency: a core streamed a row of 2048 at 22 GB/s with one accumulator,
-30 with two; several rows side by side did worse (15-19), their 4 KiB rows sharing L1 sets.
+bfloat16 and int8 rows are the exceptions. bfloat16 rows meet activations rounded to bfloat16
+(nearest-even, as llama.cpp's BF16 does) in vdpbf16ps, 32 products per instruction, twice
+float32's FMA rate. Their chunks are BF16_CHUNK = 32 elements: lane i accumulates products 2i and
+2i+1 of every chunk, in two accumulators, even chunks and odd chunks, added lane by lane before
+the same tree. One chain of vdpbf16ps waits on its latency: a core streamed a row of 2048 at 22
+GB/s with one accumulator, 30 with two; several rows side by side did worse (15-19), their 4 KiB
+rows sharing L1 sets. int8 rows meet activations quantized to int16 per block of 32
+(quantize_blocks), a block at a time: see _int8_block_term.
 """
 
 from llvmlite import ir
@@ -29,6 +31,7 @@ LANES = 16
 QBLOCK = 32  # int8 weights per scale
 
 F32 = ir.FloatType()
+I16 = ir.IntType(16)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 VEC = ir.VectorType(F32, LANES)
@@ -87,16 +90,60 @@ def _load_f32(builder, ptr, i):
     return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
 
 
-def _load_int8(builder, qptr, sptr, i):
-    """16 int8 weights times their block's float16 scale (products exact in float32)."""
-    raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), LANES), align=1)
-    bits = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=ir.IntType(16)), typ=ir.IntType(16), align=2)
+def _splat(builder, scalar):
+    """16 copies of a float32 scalar."""
+    vec = builder.insert_element(ir.Constant(VEC, ir.Undefined), scalar, I32(0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+
+
+def _f16_splat(builder, sptr, blk):
+    """16 copies of float16 scale blk (uint16 bits at sptr), widened to float32 (exact)."""
+    bits = builder.load(builder.gep(sptr, [blk], source_etype=I16), typ=I16, align=2)
     # Into a zeroed vector, not an undefined one: LLVM would otherwise insert into whatever register
     # is at hand, often the accumulator, and chain every scale behind the previous FMA (2x slower).
+    # Widened as a vector: a scalar float16 conversion measured 35% slower in the int8 row loop.
     word = builder.insert_element(ir.Constant(ir.VectorType(I32, 4), [0] * 4), builder.zext(bits, I32), I32(0))
     halves = builder.bitcast(word, ir.VectorType(ir.HalfType(), 8))
     splat = builder.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
-    return builder.fmul(builder.sitofp(raw, VEC), builder.fpext(splat, VEC))
+    return builder.fpext(splat, VEC)
+
+
+# int8 weights meet activations quantized to int16 per block of 32 (quantize_blocks):
+# vpdpwssd multiplies a block's 32 pairs exactly into 16 int32 lanes (lane i: products 2i and 2i+1;
+# at most 2 * 127 * 32767 < 2**24, so exact again in float32), then one FMA adds them to the row's
+# float32 accumulator, times the weight scale times the activation scale. Widening every int8
+# weight to float32 instead cost one core 15 GB/s of weights; this streams 26.
+I32_VEC = ir.VectorType(I32, LANES)
+I16_PAIRS = ir.VectorType(I16, QBLOCK)
+
+
+def _load_int8_block(builder, qptr, sptr, i):
+    """The int8 block at element i (a multiple of QBLOCK), sign-extended to int16 pairs, with its
+    float16 scale as a float32 vector."""
+    raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), QBLOCK), align=1)
+    pairs = builder.bitcast(builder.sext(raw, I16_PAIRS), I32_VEC)
+    return pairs, _f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)))
+
+
+def _load_int16_block(builder, ptrs, i):
+    """The quantized activations' block at element i: int16 pairs and the block's float32 scale."""
+    qptr, sptr = ptrs
+    pairs = builder.bitcast(builder.load(builder.gep(qptr, [i], source_etype=I16), typ=I16_PAIRS, align=2), I32_VEC)
+    scale = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32), typ=F32, align=4)
+    return pairs, _splat(builder, scale)
+
+
+def _int8_pairs_term(builder, acc, w, x, scale):
+    """acc + float(sum of a block's 32 products w x, in pairs) * scale."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32_VEC, [I32_VEC] * 3), "llvm.x86.avx512.vpdpwssd.512")
+    pairs = builder.call(fn, [ir.Constant(I32_VEC, [0] * LANES), w, x])
+    return _fma(builder, builder.sitofp(pairs, VEC), scale, acc)
+
+
+def _int8_block_term(builder, acc, w, x):
+    """acc + float(sum of the block's 32 products, in pairs) * (weight scale * activation scale);
+    w and x: (pairs, scale vector) from _load_int8_block and _load_int16_block."""
+    return _int8_pairs_term(builder, acc, w[0], x[0], builder.fmul(w[1], x[1]))
 
 
 class _BFloat(ir.Type):
@@ -115,12 +162,12 @@ class _BFloat(ir.Type):
 BF16_CHUNK = 32
 BF16_ACCS = 2  # accumulators of a bfloat16 row: even chunks, odd chunks
 BF16_VEC = ir.VectorType(_BFloat(), BF16_CHUNK)
-I16_VEC = ir.VectorType(ir.IntType(16), BF16_CHUNK)
+I16_VEC = ir.VectorType(I16, BF16_CHUNK)
 
 
 def _load_bf16_chunk(builder, ptr, i):
     """32 bfloat16 values (uint16 bits) from element i."""
-    raw = builder.load(builder.gep(ptr, [i], source_etype=ir.IntType(16)), typ=I16_VEC, align=2)
+    raw = builder.load(builder.gep(ptr, [i], source_etype=I16), typ=I16_VEC, align=2)
     return builder.bitcast(raw, BF16_VEC)
 
 
@@ -226,33 +273,46 @@ def _prefetch(builder, ptr):
 
 class _WeightRow:
     """Weight row n (f32 / bf16 bits / int8 + scales), read `chunk` elements at a time: load(i)
-    gives the weights from element i (16 float32, or 32 bfloat16), x_chunk(px, i) the matching
-    activations of x (xty: float32, or for bfloat16 rows also bfloat16 bits already rounded, which
-    saves the rounding per row), term(acc, w, xv) adds their products; prefetch(i) asks for the
-    line PREFETCH_BYTES past element i; K is the row length."""
+    gives the weights from element i (16 float32, 32 bfloat16, or an int8 block of 32 with its
+    scale), x_chunk(px, i) the matching activations (px from operand()), term(acc, w, xv) adds
+    their products; prefetch(i) asks for the line PREFETCH_BYTES past element i; K is the row
+    length.
+
+    The activations (xty) are float32; against bfloat16 rows also bfloat16 bits already rounded
+    (uint16, which saves the rounding per row); against int8 rows always int16 quantized per
+    block (quantize_blocks) with float32 block scales (xsty)."""
 
     def __init__(self, context, builder, wty, sty, w, s, n, xty):
         warr = context.make_array(wty)(context, builder, w)
         self.K = K = builder.extract_value(warr.shape, 1)
         self.builder = builder
-        self.elem, self.width = {types.float32: (F32, 4), types.uint16: (ir.IntType(16), 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
+        self.elem, self.width = {types.float32: (F32, 4), types.uint16: (I16, 2), types.int8: (ir.IntType(8), 1)}[wty.dtype]
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
         self.chunk, x_chunk, term = LANES, _load_f32, _fma_acc
         self.accs = 1  # accumulators per row: chunk c goes to accumulator c % accs
         self.prefetched = wty.dtype != types.uint16  # bfloat16 rows measured faster without
+        self.x_elem = F32
         if wty.dtype == types.float32:
             self.load = lambda i: _load_f32(builder, self.ptr, i)
         elif wty.dtype == types.uint16:
             self.chunk, term, self.accs = BF16_CHUNK, _dpbf16, BF16_ACCS
             x_chunk = _load_bf16_chunk if xty.dtype == types.uint16 else _round_bf16_chunk
+            self.x_elem = I16 if xty.dtype == types.uint16 else F32
             self.load = lambda i: _load_bf16_chunk(builder, self.ptr, i)
         else:
+            self.chunk, x_chunk, term, self.x_elem = QBLOCK, _load_int16_block, _int8_block_term, I16
             sarr = context.make_array(sty)(context, builder, s)
-            ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=ir.IntType(16))
-            self.load = lambda i: _load_int8(builder, self.ptr, ps, i)
-        self.x_elem = ir.IntType(16) if x_chunk is _load_bf16_chunk else F32
+            ps = builder.gep(sarr.data, [builder.mul(n, builder.extract_value(sarr.shape, 1))], source_etype=I16)
+            self.load = lambda i: _load_int8_block(builder, self.ptr, ps, i)
         self.x_chunk = lambda px, i: x_chunk(builder, px, i)
         self.term = lambda acc, w, xv: term(builder, acc, w, xv)
+
+    def operand(self, context, xty, x, xsty, xs):
+        """What x_chunk reads: x's data, or for int8 rows (quantized data, block scales)."""
+        px = _data(context, self.builder, xty, x, I64(0), self.x_elem)
+        if self.chunk == QBLOCK and self.width == 1:
+            return px, _data(context, self.builder, xsty, xs, I64(0), F32)
+        return px
 
     def prefetch(self, i, rows_below=0):
         """Prefetch PREFETCH_BYTES ahead, or with rows_below, element i of the row that many rows
@@ -303,19 +363,28 @@ def _weight_loop(builder, rows, body, rows_below=0):
     return out
 
 
+def _operand_types_ok(w, x, xs):
+    """The activations a weight row accepts (see _WeightRow)."""
+    if w.dtype == types.int8:
+        return x.dtype == types.int16 and xs.dtype == types.float32
+    return x.dtype == types.float32 or (x.dtype == types.uint16 and w.dtype == types.uint16)
+
+
 @intrinsic
-def weight_dot_chunks(typingctx, w, s, n, x):
-    """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with float32 x, over the
-    row's full chunks (kernels.quant.chunked_len). Against bfloat16 rows x may also come rounded
-    already (uint16 bits, kernels.quant.round_activation): the same products, fewer instructions."""
-    if x.dtype == types.uint16 and w.dtype != types.uint16:
-        return None  # pre-rounded activations only meet bfloat16 rows
-    sig = types.float32(w, s, n, x)
+def weight_dot_chunks(typingctx, w, s, n, x, xs):
+    """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with the activations x,
+    over the row's full chunks (kernels.quant.chunked_len). x: float32; against bfloat16 rows
+    also pre-rounded bfloat16 bits (kernels.quant.prepare_operand: the same products, fewer
+    instructions); against int8 rows int16 quantized per block, with xs their float32 block
+    scales (ignored otherwise)."""
+    if not _operand_types_ok(w, x, xs):
+        return None
+    sig = types.float32(w, s, n, x, xs)
 
     def codegen(context, builder, signature, args):
-        wty, sty, _, xty = signature.args
+        wty, sty, _, xty, xsty = signature.args
         row = _WeightRow(context, builder, wty, sty, args[0], args[1], _i64(builder, args[2], None), xty)
-        px = _data(context, builder, xty, args[3], I64(0), row.x_elem)
+        px = row.operand(context, xty, args[3], xsty, args[4])
         (acc,) = _weight_loop(builder, [row], lambda i, accs: [row.term(accs[0], row.load(i), row.x_chunk(px, i))])
         return _reduce(builder, acc)
 
@@ -327,18 +396,20 @@ def _fma_acc(builder, acc, a, b):
     return _fma(builder, a, b, acc)
 
 
-def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES, accs=1):
+def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES, accs=1, col_load=None):
     """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
     its own accumulator (8 loads feed 16 multiply-adds), reduced together: a vector, lane 4 j + c.
     float32 by default; bfloat16 rows and columns with load=_load_bf16_chunk, term=_dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
-    lane by lane (a weight row's order, _weight_loop)."""
+    lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
+    two sides differ (int8 rows, int16 tokens)."""
+    col_load = col_load or load
 
     def body(i, accs):
         rv = [load(builder, p, i) for p in rows]
         out = []
         for j, cp in enumerate(cols):
-            cv = load(builder, cp, i)
+            cv = col_load(builder, cp, i)
             out += [term(builder, accs[4 * j + c], rv[c], cv) for c in range(4)]
         return out
 
@@ -355,21 +426,21 @@ def _tile_4x4(builder, rows, cols, n, load=_load_f32, term=_fma_acc, chunk=LANES
 
 
 @intrinsic
-def rows_dot4(typingctx, out, o, w, s, n, x):
-    """out[o + i] = weight_dot_chunks(w, s, n + i, x) for i < 4: four rows streamed side by side
+def rows_dot4(typingctx, out, o, w, s, n, x, xs):
+    """out[o + i] = weight_dot_chunks(w, s, n + i, x, xs) for i < 4: four rows streamed side by side
     (four independent FMA chains and memory streams, one load of x per chunk), each summed in
     exactly the single-row order. `out` is a C-contiguous array, `o` a flat element offset.
     Faster than one row at a time for long rows (see kernels.decode.long_row).
     """
-    if x.dtype == types.uint16 and w.dtype != types.uint16:
+    if not _operand_types_ok(w, x, xs):
         return None
-    sig = types.void(out, o, w, s, n, x)
+    sig = types.void(out, o, w, s, n, x, xs)
 
     def codegen(context, builder, signature, args):
-        oty, _, wty, sty, _, xty = signature.args
+        oty, _, wty, sty, _, xty, xsty = signature.args
         n = _i64(builder, args[4], None)
         rows = [_WeightRow(context, builder, wty, sty, args[2], args[3], builder.add(n, I64(r)), xty) for r in range(4)]
-        px = _data(context, builder, xty, args[5], I64(0), rows[0].x_elem)
+        px = rows[0].operand(context, xty, args[5], xsty, args[6])
         po = _data(context, builder, oty, args[0], _i64(builder, args[1], None), F32)
 
         def body(i, accs):
@@ -426,12 +497,131 @@ def bf16_tile_dot_4x4(typingctx, w, n, xb, t):
         xarr = context.make_array(signature.args[2])(context, builder, args[2])
         K = builder.extract_value(warr.shape, 1)
         n0, t0 = _i64(builder, args[1], None), _i64(builder, args[3], None)
-        I16 = ir.IntType(16)
         rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(j)), K)], source_etype=I16) for j in range(4)]
         toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
         result = _tile_4x4(builder, rows, toks, K, load=_load_bf16_chunk, term=_dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS)
         sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
         return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+@intrinsic
+def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
+    """int8 weight rows n..n+3 (scales s) against tokens t..t+3 of xq, quantized per block with
+    scales xs (quantize_blocks), over the full blocks: 16 sums, each equal to weight_dot_chunks of
+    the pair. Returns them row-major by token, as tile_dot_4x4.
+
+    The 16 scale products of a block (weight scale * token scale, as _int8_block_term forms them)
+    are made first, 16 to a vector, into `table` (float32, 16 per block); the main loop then
+    broadcasts them from memory. Formed inside it, they took a quarter of the loop's arithmetic.
+    """
+    sig = types.UniTuple(types.float32, 16)(w, s, n, xq, xs, t, table)
+
+    def codegen(context, builder, signature, args):
+        wty, sty, _, xty, xsty, _, tty = signature.args
+        warr, sarr = context.make_array(wty)(context, builder, args[0]), context.make_array(sty)(context, builder, args[1])
+        xarr, xsarr = context.make_array(xty)(context, builder, args[3]), context.make_array(xsty)(context, builder, args[4])
+        ptab = _data(context, builder, tty, args[6], I64(0), F32)
+        K, KB = builder.extract_value(warr.shape, 1), builder.extract_value(sarr.shape, 1)
+        XB = builder.extract_value(xsarr.shape, 1)
+        n0, t0 = _i64(builder, args[2], None), _i64(builder, args[5], None)
+        wrows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), K)], source_etype=ir.IntType(8)) for r in range(4)]
+        srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(4)]
+        xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
+        xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(4)]
+        lane = lambda ix: ir.Constant(ir.VectorType(I32, LANES), ix)
+
+        def products(blk, _):  # table[16 blk + 4 j + r] = scale of row r * scale of token j
+            ws = ir.Constant(ir.VectorType(I16, 4), [0] * 4)
+            xsv = ir.Constant(ir.VectorType(F32, 4), [0.0] * 4)
+            for r in range(4):
+                bits = builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2)
+                ws = builder.insert_element(ws, bits, I32(r))
+                xsv = builder.insert_element(xsv, builder.load(builder.gep(xsrows[r], [blk], source_etype=F32), typ=F32, align=4), I32(r))
+            ws16 = builder.shuffle_vector(ws, ws, lane([r for _ in range(4) for r in range(4)]))
+            xs16 = builder.shuffle_vector(xsv, xsv, lane([j for j in range(4) for _ in range(4)]))
+            prod = builder.fmul(builder.fpext(builder.bitcast(ws16, ir.VectorType(ir.HalfType(), LANES)), VEC), xs16)
+            dst = builder.gep(ptab, [builder.mul(blk, I64(LANES))], source_etype=F32)
+            builder.store(prod, builder.bitcast(dst, VEC.as_pointer()), align=4)
+            return []
+
+        _loop(builder, I64(0), builder.sdiv(K, I64(QBLOCK)), 1, [], products)
+
+        def load_row(b, r, i):
+            raw = b.load(b.gep(wrows[r], [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), QBLOCK), align=1)
+            return b.bitcast(b.sext(raw, I16_PAIRS), I32_VEC), r, i
+
+        def load_token(b, j, i):
+            return b.bitcast(b.load(b.gep(xrows[j], [i], source_etype=I16), typ=I16_PAIRS, align=2), I32_VEC), j
+
+        def term(b, acc, wv, xv):
+            (pairs_w, r, i), (pairs_x, j) = wv, xv
+            at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(LANES)), I64(4 * j + r))
+            scale = _splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4))
+            return _int8_pairs_term(b, acc, pairs_w, pairs_x, scale)
+
+        result = _tile_4x4(builder, list(range(4)), list(range(4)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK)
+        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
+        return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
+F32_MAX = 3.4028234663852886e38
+
+
+@intrinsic
+def quantize_blocks(typingctx, xq, xs, x, b):
+    """Row b of float32 x quantized to int16 per block of QBLOCK, over its full blocks (int8 weights
+    meet these in _int8_block_term): xs[b, j] = the block's largest magnitude / 32767, xq[b, k] =
+    x[b, k] * (32767 / that magnitude), rounded to nearest even. A product's error is then at most
+    about 1/65534 of the block's largest value. A block holding NaN or Inf gets a NaN scale, so
+    every output it feeds is NaN, as in float arithmetic; a block whose largest magnitude is below
+    ~1e-34 (32767 / it overflows) counts as zeros."""
+    sig = types.void(xq, xs, x, b)
+
+    def codegen(context, builder, signature, args):
+        qty, sty, xty, _ = signature.args
+        xarr = context.make_array(xty)(context, builder, args[2])
+        K = builder.extract_value(xarr.shape, 1)
+        row = _i64(builder, args[3], None)
+        px = builder.gep(xarr.data, [builder.mul(row, K)], source_etype=F32)
+        pq = _data(context, builder, qty, args[0], builder.mul(row, K), I16)
+        sarr = context.make_array(sty)(context, builder, args[1])
+        ps = builder.gep(sarr.data, [builder.mul(row, builder.extract_value(sarr.shape, 1))], source_etype=F32)
+        module = builder.module
+        fabs = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.fabs.v16f32")
+        vmax = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
+        vmin = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.minnum.v16f32")
+        rint = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.rint.v16f32")
+        any_set = cgutils.get_or_insert_function(module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), LANES)]), "llvm.vector.reduce.or.v16i1")
+        hmax = cgutils.get_or_insert_function(module, ir.FunctionType(F32, [VEC]), "llvm.vector.reduce.fmax.v16f32")
+        top = ir.Constant(VEC, [F32_MAX] * LANES)
+
+        def block(i, _):
+            halves = [_load_f32(builder, px, builder.add(i, I64(h * LANES))) for h in range(2)]
+            mags = [builder.call(fabs, [v]) for v in halves]
+            # NaN or Inf anywhere: |v| > F32_MAX or unordered
+            bad = builder.call(any_set, [builder.or_(*[builder.fcmp_unordered(">", m, top) for m in mags])])
+            amax = builder.call(hmax, [builder.call(vmax, mags)])
+            inv = builder.fdiv(F32(ACT_MAX), amax)
+            zero = builder.or_(bad, builder.not_(builder.fcmp_ordered("<=", inv, F32(F32_MAX))))  # also amax == 0
+            inv = builder.select(zero, F32(0.0), inv)
+            scale = builder.select(bad, F32(float("nan")), builder.select(zero, F32(0.0), builder.fdiv(amax, F32(ACT_MAX))))
+            builder.store(scale, builder.gep(ps, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32))
+            inv_v = _splat(builder, inv)
+            levels = ir.Constant(VEC, [ACT_MAX] * LANES)
+            for h, v in enumerate(halves):
+                q = builder.call(rint, [builder.fmul(v, inv_v)])
+                q = builder.call(vmin, [builder.call(vmax, [q, builder.fneg(levels)]), levels])
+                dst = builder.gep(pq, [builder.add(i, I64(h * LANES))], source_etype=I16)
+                builder.store(builder.fptosi(q, ir.VectorType(I16, LANES)), builder.bitcast(dst, ir.VectorType(I16, LANES).as_pointer()), align=2)
+            return []
+
+        _loop(builder, I64(0), builder.and_(K, I64(-QBLOCK)), QBLOCK, [], block)
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -447,11 +637,11 @@ def round_bf16_chunks(typingctx, out, x, t):
         xarr = context.make_array(signature.args[1])(context, builder, args[1])
         K = builder.extract_value(xarr.shape, 1)
         row = builder.mul(_i64(builder, args[2], None), K)
-        po = builder.gep(oarr.data, [row], source_etype=ir.IntType(16))
+        po = builder.gep(oarr.data, [row], source_etype=I16)
         px = builder.gep(xarr.data, [row], source_etype=F32)
 
         def body(i, _):
-            dst = builder.bitcast(builder.gep(po, [i], source_etype=ir.IntType(16)), BF16_VEC.as_pointer())
+            dst = builder.bitcast(builder.gep(po, [i], source_etype=I16), BF16_VEC.as_pointer())
             builder.store(_round_bf16_chunk(builder, px, i), dst, align=2)
             return []
 

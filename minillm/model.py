@@ -62,7 +62,7 @@ class Workspace:
     and one set of scores.
     """
 
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool):
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool, weight_dtype=np.float32):
         f = np.float32
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.rows = rows
@@ -85,11 +85,14 @@ class Workspace:
         self.pos = np.zeros(rows, np.int64)
         self.slots = np.zeros(rows, np.int64)
         self.logits = np.zeros((sequences, cfg.vocab_size), f)
-        # decode against bfloat16 weights: xn, att and gate rounded to bfloat16 once per step
-        bf16_rows = rows if decode else 0
-        self.xn_bf16 = np.zeros((bf16_rows, H), np.uint16)
-        self.att_bf16 = np.zeros((bf16_rows, cfg.q_dim), np.uint16)
-        self.gate_bf16 = np.zeros((bf16_rows, I), np.uint16)
+        # decode: xn, att and gate as the weights' dot products read them, prepared once per step
+        # (kernels.quant.prepare_operand): bfloat16 bits, or int16 with a scale per block of 32
+        wd = np.dtype(weight_dtype)
+        op_dtype = np.int16 if wd == np.int8 else np.uint16
+        op_rows = rows if decode and wd != np.float32 else 0
+        scale_rows = rows if decode and wd == np.int8 else 0
+        self.operands = tuple(np.zeros((op_rows, n), op_dtype) for n in (H, cfg.q_dim, I))
+        self.scales = tuple(np.zeros((scale_rows, n // K.QBLOCK), f) for n in (H, cfg.q_dim, I))
         self.claims = np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64)  # kernels.schedule
 
 
@@ -107,7 +110,7 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
         self._lock = threading.Lock()
-        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True)
+        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True, weight_dtype=weights.lm_head.w.dtype)
         self._prefill_ws: Workspace | None = None
         self._decode_weights = _decode_weights(cfg, weights)
 
@@ -176,7 +179,7 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True)
+                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True, weight_dtype=self.weights.lm_head.w.dtype)
             ws = self._decode_ws
             ws.tokens[:B] = tokens
             ws.pos[:B] = [c.length for c in caches]
@@ -191,9 +194,10 @@ class Model:
             ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.proj[:B], ws.gate[:B], ws.up[:B],
             ws.scores[: B * self.config.num_attention_heads],
         )
-        bf16 = (ws.xn_bf16[:B], ws.att_bf16[:B], ws.gate_bf16[:B])
+        operands = tuple(a[:B] for a in ws.operands)
+        scales = tuple(a[:B] for a in ws.scales)
         K.decode_batch(
-            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, bf16, ws.claims, *self._decode_weights,
+            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, operands, scales, ws.claims, *self._decode_weights,
             k_pool, v_pool, self.cos, self.sin, self.config.rms_norm_eps,
         )
 

@@ -111,9 +111,10 @@ def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_decode_equals_prefill_bit_for_bit_with_long_rows(tmp_path, dtype):
     """Rows of K >= kernels.decode.LONG_ROW (the down projection here, with a ragged tail) take the
-    four-rows-at-once decode path at float32 and int8; it must still sum in the prefill's order.
-    bfloat16 rows go one at a time in two accumulators: odd counts of chunks (129 in the down rows,
-    3 in the hidden rows) leave a last chunk outside the even/odd pairs."""
+    four-rows-at-once decode path at float32; it must still sum in the prefill's order. bfloat16
+    rows go one at a time in two accumulators: odd counts of chunks (129 in the down rows, 3 in
+    the hidden rows) leave a last chunk outside the even/odd pairs. int8 rows go one at a time in
+    blocks of 32 against int16 activations, with float32 tails of 3 and 16 elements."""
     import kernels.decode
 
     intermediate = kernels.decode.LONG_ROW + 32 + 3

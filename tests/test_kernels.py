@@ -92,14 +92,52 @@ def low_precision(w, dtype):
     K.quantize_int8(q, s, w)
     back = np.empty_like(w)
     K.dequantize(back, q, s)
-    return q, s, back, lambda x: x
+    return q, s, back, ref_int16_blocks
+
+
+def ref_int16_blocks(x):
+    """Each full block of 32 along the last axis quantized to int16 (levels of its largest
+    magnitude / 32767) and back, as float64; the tail past the last full block unchanged."""
+    x = x.astype(np.float64)
+    full = x.shape[-1] - x.shape[-1] % K.QBLOCK
+    blocks = x[..., :full].reshape(*x.shape[:-1], -1, K.QBLOCK).astype(np.float32)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.where(amax > 0, np.rint(blocks * (np.float32(32767) / amax)), 0)
+    x[..., :full] = (q * (amax / np.float32(32767)).astype(np.float64)).reshape(*x.shape[:-1], full)
+    return x
+
+
+def test_activation_blocks_quantize_as_the_reference_and_keep_nan():
+    """Activations as int8 weights meet them (kernels.simd.quantize_blocks): levels and scales as the NumPy
+    reference; an all-zero block stays zero; NaN or Inf in a block makes its scale NaN (so the
+    outputs are NaN, as in float arithmetic); the tail past the last block is left alone."""
+    x = rand(3, 5 * K.QBLOCK + 7)
+    x[1, K.QBLOCK : 2 * K.QBLOCK] = 0
+    x[2, 3] = np.nan
+    x[2, 2 * K.QBLOCK + 1] = -np.inf
+    q = np.full(x.shape, 99, np.int16)
+    s = np.zeros((3, 5), np.float32)
+    K.quantize_activations(q, s, x)
+    full = 5 * K.QBLOCK
+    back = q[:, :full].reshape(3, 5, K.QBLOCK) * s[:, :, None].astype(np.float64)
+    np.testing.assert_array_equal(back[:2].reshape(2, full), ref_int16_blocks(x[:2])[:, :full])
+    assert np.abs(q[:, :full]).max() <= 32767 and (q[:2, :full] != 0).any()
+    assert (q[1, K.QBLOCK : 2 * K.QBLOCK] == 0).all() and s[1, 1] == 0
+    assert np.isnan(s[2, 0]) and np.isnan(s[2, 2]) and np.isfinite(s[2, [1, 3, 4]]).all()
+    assert (q[:, full:] == 99).all()
+    w, ws, _, _ = low_precision(rand(4, x.shape[1]), "int8")
+    out = np.empty(4, np.float32)
+    K.matvec(out, x[2], w, ws)
+    assert np.isnan(out).all()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("T,N,Kdim", [(1, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (6, 12, 128), (5, 21, 613)])
 def test_low_precision_matmul_and_matvec(dtype, T, N, Kdim):
-    """bfloat16 weights meet activations rounded to bfloat16, int8 weights float32 activations;
-    the matmul's every output equals the matvec (decode) dot product bit for bit."""
+    """bfloat16 weights meet activations rounded to bfloat16, int8 weights activations quantized
+    to int16 per block of 32; the matmul's every output equals the matvec (decode) dot product
+    bit for bit."""
     x = rand(T, Kdim)
     w, s, w_ref, act = low_precision(rand(N, Kdim), dtype)
     out = np.empty((T, N), np.float32)
