@@ -292,6 +292,7 @@ class _WeightRow:
         self.accs = 1  # accumulators per row: chunk c goes to accumulator c % accs
         self.prefetched = wty.dtype != types.uint16  # bfloat16 rows measured faster without
         self.x_elem = F32
+        self.quantized = wty.dtype == types.int8  # activations come as int16 blocks + scales
         if wty.dtype == types.float32:
             self.load = lambda i: _load_f32(builder, self.ptr, i)
         elif wty.dtype == types.uint16:
@@ -310,7 +311,7 @@ class _WeightRow:
     def operand(self, context, xty, x, xsty, xs):
         """What x_chunk reads: x's data, or for int8 rows (quantized data, block scales)."""
         px = _data(context, self.builder, xty, x, I64(0), self.x_elem)
-        if self.chunk == QBLOCK and self.width == 1:
+        if self.quantized:
             return px, _data(context, self.builder, xsty, xs, I64(0), F32)
         return px
 
