@@ -157,7 +157,7 @@ def _finish(total, w, s, r, x, t, full):
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _tile_dot(tile, r, x, t):
-    """One widened row against one token, in row_dot's order."""
+    """One tile row (a float32 weight row copied) against one token, in row_dot's order."""
     K = x.shape[1]
     # the tile is float32, so weight_at never reads its `s` argument: the tile stands in for it
     return _finish(dot_chunks(tile, r * K, x, t * K, K), tile, tile, r, x, t, K - K % LANES)

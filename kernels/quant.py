@@ -187,7 +187,7 @@ def _row_dot(w, s, n, x, xo, xs):
 
 @njit(fastmath=EXACT_MATH, cache=True)
 def row_get(w, s, n, out):
-    """out[:] = w[n, :] as float32 (an embedding row, or a row widened into a matmul tile)."""
+    """out[:] = w[n, :] as float32 (an embedding row, or a float32 row copied into a matmul tile)."""
     for k in range(w.shape[1]):
         out[k] = weight_at(w, s, n, k)
 
@@ -297,7 +297,7 @@ def gather_rows(out, w, s, ids):
 
 @kernel()
 def dequantize(out, w, s):
-    """Any precision (N, K) back to float32: the reference for tests and tile widening."""
+    """Any precision (N, K) back to float32: the reference for tests."""
     N, K = w.shape
     for n in prange(N):
         row_get(w, s, n, out[n])
