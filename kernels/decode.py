@@ -37,7 +37,7 @@ ROWS_PER_TASK = 16
 # 8 of 8 alternating runs). bfloat16 and int8 rows never are: a bfloat16 row has two
 # accumulators (kernels.simd) and goes alone, unprefetched (1B shape decode +6%, default model
 # +13%, 6 of 6 alternating runs each, against four rows from K = 4096 and prefetch); an int8
-# block is one vpdpwssd and one FMA for 32 weights, so one row's chain keeps up with memory.
+# block is one vpmaddwd and one FMA for 32 weights, so one row's chain keeps up with memory.
 LONG_ROW = 4096
 NEVER = 1 << 62
 

@@ -107,7 +107,7 @@ def _tile_scratch(w, K):
 def _matmul_prepared(out, x, w, s):
     """bfloat16 and int8 weights: x is prepared once (kernels.quant.prepare_operand: rounded to
     bfloat16, or quantized to int16 per block), then 4 x 4 register tiles of vdpbf16ps or
-    vpdpwssd run straight over the weight rows, which need no widening."""
+    vpmaddwd run straight over the weight rows, which need no widening."""
     T, K = x.shape
     N = w.shape[0]
     RB = ROWS_PER_TASK

@@ -9,7 +9,7 @@ rows are used as they are. bfloat16 rows meet x rounded to bfloat16 (`activation
 llama.cpp's BF16 path: each product is exact in float32, and vdpbf16ps does 32 of them per
 instruction, which doubles the prefill's arithmetic rate. int8 rows meet x quantized to int16
 per block of 32 (`kernels.simd.quantize_blocks`; llama.cpp quantizes to int8): 32 exact integer
-products per vpdpwssd. Either way x is prepared once per vector (`prepare_operand`).
+products per vpmaddwd. Either way x is prepared once per vector (`prepare_operand`).
 """
 
 import numpy as np
