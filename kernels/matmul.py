@@ -11,8 +11,8 @@ from numba.extending import overload
 
 from ._jit import kernel
 from .lanes import EXACT_MATH
-from .quant import activation, chunked_len, operand_buffers, prepare_operand, row_dot, row_get, weight_at
-from .simd import LANES, QBLOCK, bf16_tile_dot_4x4, dot_chunks, int8_tile_dot_4x4, tile_dot_4x4
+from .quant import activation, chunk_operand, chunked_len, operand_buffers, prepare_operand, row_dot, weight_at
+from .simd import QBLOCK, bf16_tile_dot_4x4, int8_tile_dot_4x4, tile_dot_4x4
 
 # Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
 # slower, when int8 rows were still widened into a float32 tile).
@@ -31,61 +31,17 @@ def matvec(out, x, w, s):
             out[n] = row_dot(w, s, n, x, xo[0], xs[0])
 
 
-def matmul(out, x, w, s):
-    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N)."""
-    if w.dtype == np.float32:
-        _matmul_f32(out, x, w, s)
-    else:
-        _matmul_prepared(out, x, w, s)
-
-
-@kernel(fastmath=EXACT_MATH)
-def _matmul_f32(out, x, w, s):
-    """float32 weights.
-
-    Each task copies 8 weight rows to a float32 tile (cache-resident), then runs a register tile
-    of 4 tokens x 4 rows over it (kernels.simd.tile_dot_4x4): 16 accumulators share 8 loads, so
-    the loop is bound by FMAs, not loads. Sums follow row_dot's fixed order, so every output equals
-    the decode path's dot product to the last bit.
-    """
-    T, K = x.shape
-    N = w.shape[0]
-    RB = ROWS_PER_TASK
-    full = K - K % LANES
-    for task in prange((N + RB - 1) // RB):
-        n0 = task * RB
-        n1 = min(N, n0 + RB)
-        tile = np.empty((RB, K), np.float32)
-        for n in range(n0, n1):
-            row_get(w, s, n, tile[n - n0])
-        t = 0
-        while t + 4 <= T:
-            r = 0
-            while n0 + r + 4 <= n1:
-                d = tile_dot_4x4(tile, r, x, t)  # literal indices: a tuple indexed at run time is slow
-                _store4(out, t, n0 + r, d[0], d[1], d[2], d[3], tile, s, r, x, full)
-                _store4(out, t + 1, n0 + r, d[4], d[5], d[6], d[7], tile, s, r, x, full)
-                _store4(out, t + 2, n0 + r, d[8], d[9], d[10], d[11], tile, s, r, x, full)
-                _store4(out, t + 3, n0 + r, d[12], d[13], d[14], d[15], tile, s, r, x, full)
-                r += 4
-            for n in range(n0 + r, n1):  # the last rows of a partial block
-                for tt in range(t, t + 4):
-                    out[tt, n] = _tile_dot(tile, n - n0, x, tt)
-            t += 4
-        for tt in range(t, T):  # the last T % 4 tokens
-            for n in range(n0, n1):
-                out[tt, n] = _tile_dot(tile, n - n0, x, tt)
-
-
 def prepared_tile_4x4(w, s, n, xo, xs, t, table):
-    """Rows n..n+3 of bfloat16 or int8 weights against tokens t..t+3 of prepare_operand's xo (xs):
-    16 sums over the full chunks, row-major by token, each equal to the decode's dot product.
-    table: float32 scratch of 16 per block of 32 (int8's scale products)."""
+    """Rows n..n+3 of w against tokens t..t+3 of xo, chunk_operand's activations (xs: their int8
+    block scales): 16 sums over the full chunks, row-major by token, each equal to the decode's
+    dot product. table: float32 scratch of 16 per block of 32 (int8's scale products)."""
     raise NotImplementedError
 
 
 @overload(prepared_tile_4x4, inline="always")
 def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
+    if w.dtype == types.float32:
+        return lambda w, s, n, xo, xs, t, table: tile_dot_4x4(w, n, xo, t)
     if w.dtype == types.uint16:
         return lambda w, s, n, xo, xs, t, table: bf16_tile_dot_4x4(w, n, xo, t)
     if w.dtype == types.int8:
@@ -104,10 +60,16 @@ def _tile_scratch(w, K):
 
 
 @kernel(fastmath=EXACT_MATH)
-def _matmul_prepared(out, x, w, s):
-    """bfloat16 and int8 weights: x is prepared once (kernels.quant.prepare_operand: rounded to
-    bfloat16, or quantized to int16 per block), then 4 x 4 register tiles of vdpbf16ps or
-    vpmaddwd run straight over the weight rows, which need no widening."""
+def matmul(out, x, w, s):
+    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision.
+
+    x is prepared once (kernels.quant.prepare_operand: rounded to bfloat16 against bfloat16
+    weights, quantized to int16 per block against int8, used as it is against float32). Then
+    register tiles of 4 tokens x 4 rows run straight over the weight rows (FMAs, vdpbf16ps or
+    vpmaddwd): 16 accumulators share 8 loads, so the loop is bound by arithmetic, not loads. Sums
+    follow row_dot's fixed order, so every output equals the decode path's dot product to the
+    last bit.
+    """
     T, K = x.shape
     N = w.shape[0]
     RB = ROWS_PER_TASK
@@ -115,6 +77,7 @@ def _matmul_prepared(out, x, w, s):
     xo, xs = operand_buffers(w, T, K)
     for t in prange(T):
         prepare_operand(w, xo, xs, x, t)
+    xc = chunk_operand(w, x, xo)
     for task in prange((N + RB - 1) // RB):
         n0 = task * RB
         n1 = min(N, n0 + RB)
@@ -123,7 +86,8 @@ def _matmul_prepared(out, x, w, s):
         while t + 4 <= T:
             n = n0
             while n + 4 <= n1:
-                d = prepared_tile_4x4(w, s, n, xo, xs, t, table)
+                # literal indices below: a tuple indexed at run time is slow
+                d = prepared_tile_4x4(w, s, n, xc, xs, t, table)
                 _store4(out, t, n, d[0], d[1], d[2], d[3], w, s, n, x, full)
                 _store4(out, t + 1, n, d[4], d[5], d[6], d[7], w, s, n, x, full)
                 _store4(out, t + 2, n, d[8], d[9], d[10], d[11], w, s, n, x, full)
@@ -153,14 +117,6 @@ def _finish(total, w, s, r, x, t, full):
     for k in range(full, x.shape[1]):
         total += weight_at(w, s, r, k) * activation(w, x[t, k])
     return total
-
-
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _tile_dot(tile, r, x, t):
-    """One tile row (a float32 weight row copied) against one token, in row_dot's order."""
-    K = x.shape[1]
-    # the tile is float32, so weight_at never reads its `s` argument: the tile stands in for it
-    return _finish(dot_chunks(tile, r * K, x, t * K, K), tile, tile, r, x, t, K - K % LANES)
 
 
 @kernel(parallel=False)

@@ -117,19 +117,28 @@ I32_VEC = ir.VectorType(I32, LANES)
 I16_BLOCK = ir.VectorType(I16, QBLOCK)
 
 
-def _load_int8_block(builder, qptr, sptr, i):
-    """The int8 block at element i (a multiple of QBLOCK), sign-extended to int16, with its
-    float16 scale as a float32 vector."""
+def _int8_values(builder, qptr, i):
+    """The 32 int8 weights from element i, sign-extended to int16."""
     raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), QBLOCK), align=1)
-    return builder.sext(raw, I16_BLOCK), _f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)))
+    return builder.sext(raw, I16_BLOCK)
+
+
+def _int16_values(builder, qptr, i):
+    """The 32 int16 activations from element i."""
+    return builder.load(builder.gep(qptr, [i], source_etype=I16), typ=I16_BLOCK, align=2)
+
+
+def _load_int8_block(builder, qptr, sptr, i):
+    """The int8 block at element i (a multiple of QBLOCK) as int16, with its float16 scale as a
+    float32 vector."""
+    return _int8_values(builder, qptr, i), _f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)))
 
 
 def _load_int16_block(builder, ptrs, i):
     """The quantized activations' block at element i: 32 int16 and the block's float32 scale."""
     qptr, sptr = ptrs
-    values = builder.load(builder.gep(qptr, [i], source_etype=I16), typ=I16_BLOCK, align=2)
     scale = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32), typ=F32, align=4)
-    return values, _splat(builder, scale)
+    return _int16_values(builder, qptr, i), _splat(builder, scale)
 
 
 def _int8_pairs_term(builder, acc, w, x, scale):
@@ -147,7 +156,7 @@ def _int8_pairs_term(builder, acc, w, x, scale):
 
 def _int8_block_term(builder, acc, w, x):
     """acc + float(sum of the block's 32 products, in pairs) * (weight scale * activation scale);
-    w and x: (pairs, scale vector) from _load_int8_block and _load_int16_block."""
+    w and x: (32 int16, scale vector) from _load_int8_block and _load_int16_block."""
     return _int8_pairs_term(builder, acc, w[0], x[0], builder.fmul(w[1], x[1]))
 
 
@@ -536,7 +545,7 @@ def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
         srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(4)]
         xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
         xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(4)]
-        lane = lambda ix: ir.Constant(ir.VectorType(I32, LANES), ix)
+        lane = lambda ix: ir.Constant(I32_VEC, ix)
 
         def products(blk, _):  # table[16 blk + 4 j + r] = scale of row r * scale of token j
             ws = ir.Constant(ir.VectorType(I16, 4), [0] * 4)
@@ -554,18 +563,17 @@ def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
 
         _loop(builder, I64(0), builder.sdiv(K, I64(QBLOCK)), 1, [], products)
 
-        def load_row(b, r, i):
-            raw = b.load(b.gep(wrows[r], [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), QBLOCK), align=1)
-            return b.sext(raw, I16_BLOCK), r, i
+        def load_row(b, r, i):  # the row's index and position ride along to find the scale
+            return _int8_values(b, wrows[r], i), r, i
 
         def load_token(b, j, i):
-            return b.load(b.gep(xrows[j], [i], source_etype=I16), typ=I16_BLOCK, align=2), j
+            return _int16_values(b, xrows[j], i), j
 
         def term(b, acc, wv, xv):
-            (pairs_w, r, i), (pairs_x, j) = wv, xv
+            (w_values, r, i), (x_values, j) = wv, xv
             at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(LANES)), I64(4 * j + r))
             scale = _splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4))
-            return _int8_pairs_term(b, acc, pairs_w, pairs_x, scale)
+            return _int8_pairs_term(b, acc, w_values, x_values, scale)
 
         result = _tile_4x4(builder, list(range(4)), list(range(4)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK)
         sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]

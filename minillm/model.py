@@ -62,7 +62,7 @@ class Workspace:
     and one set of scores.
     """
 
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool, weight_dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool, dtype: str = "float32"):
         f = np.float32
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.rows = rows
@@ -87,10 +87,9 @@ class Workspace:
         self.logits = np.zeros((sequences, cfg.vocab_size), f)
         # decode: xn, att and gate as the weights' dot products read them, prepared once per step
         # (kernels.quant.prepare_operand): bfloat16 bits, or int16 with a scale per block of 32
-        wd = np.dtype(weight_dtype)
-        op_dtype = np.int16 if wd == np.int8 else np.uint16
-        op_rows = rows if decode and wd != np.float32 else 0
-        scale_rows = rows if decode and wd == np.int8 else 0
+        op_dtype = np.int16 if dtype == "int8" else np.uint16
+        op_rows = rows if decode and dtype != "float32" else 0
+        scale_rows = rows if decode and dtype == "int8" else 0
         self.operands = tuple(np.zeros((op_rows, n), op_dtype) for n in (H, cfg.q_dim, I))
         self.scales = tuple(np.zeros((scale_rows, n // K.QBLOCK), f) for n in (H, cfg.q_dim, I))
         self.claims = np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64)  # kernels.schedule
@@ -110,7 +109,7 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
         self._lock = threading.Lock()
-        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True, weight_dtype=weights.lm_head.w.dtype)
+        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True, dtype=self.dtype)
         self._prefill_ws: Workspace | None = None
         self._decode_weights = _decode_weights(cfg, weights)
 
@@ -179,7 +178,7 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True, weight_dtype=self.weights.lm_head.w.dtype)
+                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True, dtype=self.dtype)
             ws = self._decode_ws
             ws.tokens[:B] = tokens
             ws.pos[:B] = [c.length for c in caches]
