@@ -1,14 +1,12 @@
-"""The instructions each weight precision's kernels need, and which of them this CPU lacks.
+"""What this CPU offers the kernels.
 
 float32 and int8 kernels are plain LLVM vectors, which compile for any x86-64 (LLVM splits the
-16-wide vectors where AVX-512 is missing). bfloat16 kernels call vdpbf16ps and vcvtne2ps2bf16
-(AVX-512 BF16), which LLVM cannot compile for a CPU without them: the process would abort, so a
-model is checked before it loads at bfloat16.
+16-wide vectors where AVX-512 is missing). bfloat16 kernels use vdpbf16ps and vcvtne2ps2bf16
+where the CPU has AVX-512 BF16, and the same products and roundings in plain vectors where it
+does not (kernels.simd._native_bf16).
 """
 
 from functools import lru_cache
-
-NEEDS = {"float32": (), "bfloat16": ("avx512f", "avx512bf16"), "int8": ()}
 
 
 @lru_cache(maxsize=1)
@@ -20,9 +18,3 @@ def host_features() -> frozenset[str]:
         return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on)
     except RuntimeError:
         return frozenset()
-
-
-def missing_features(dtype: str, features: frozenset[str] | None = None) -> list[str]:
-    """The features dtype's kernels need that this CPU (or `features`) lacks."""
-    have = host_features() if features is None else features
-    return [f for f in NEEDS[dtype] if f not in have]

@@ -179,23 +179,54 @@ BF16_VEC = ir.VectorType(_BFloat(), BF16_CHUNK)
 I16_VEC = ir.VectorType(I16, BF16_CHUNK)
 
 
+def _native_bf16() -> bool:
+    """Whether this CPU has AVX-512 BF16 (vdpbf16ps, vcvtne2ps2bf16). Without it the same products
+    and roundings are written as plain integer and float vectors (kernels.cpu); Numba's on-disk
+    cache is keyed by the CPU's features, so each machine compiles the path it can run."""
+    from .cpu import host_features
+
+    return "avx512bf16" in host_features()
+
+
 def _load_bf16_chunk(builder, ptr, i):
     """32 bfloat16 values (uint16 bits) from element i."""
     raw = builder.load(builder.gep(ptr, [i], source_etype=I16), typ=I16_VEC, align=2)
-    return builder.bitcast(raw, BF16_VEC)
+    return builder.bitcast(raw, BF16_VEC) if _native_bf16() else raw
 
 
 def _round_bf16_chunk(builder, ptr, i):
-    """32 float32 values from element i, rounded to bfloat16 (vcvtne2ps2bf16: nearest-even)."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(BF16_VEC, [VEC, VEC]), "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+    """32 float32 values from element i, rounded to bfloat16 (nearest-even; NaN stays NaN)."""
     lo, hi = _load_f32(builder, ptr, i), _load_f32(builder, ptr, builder.add(i, I64(LANES)))
-    return builder.call(fn, [hi, lo])  # the second operand fills the low half
+    if _native_bf16():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(BF16_VEC, [VEC, VEC]), "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+        return builder.call(fn, [hi, lo])  # the second operand fills the low half
+    halves = [_round_bf16_plain(builder, v) for v in (lo, hi)]
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(I32, BF16_CHUNK), list(range(BF16_CHUNK))))
+
+
+def _round_bf16_plain(builder, v):
+    """16 float32 to bfloat16 bits (16 x i16), as kernels.quant.bf16_bits rounds one."""
+    i32v = lambda c: ir.Constant(I32_VEC, [c] * LANES)
+    bits = builder.bitcast(v, I32_VEC)
+    upper = builder.lshr(bits, i32v(16))
+    rounded = builder.lshr(builder.add(bits, builder.add(i32v(0x7FFF), builder.and_(upper, i32v(1)))), i32v(16))
+    quiet_nan = builder.or_(upper, i32v(0x40))
+    out = builder.select(builder.fcmp_unordered("uno", v, v), quiet_nan, rounded)
+    return builder.trunc(out, ir.VectorType(I16, LANES))
 
 
 def _dpbf16(builder, acc, a, b):
-    """acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1], in float32 (vdpbf16ps)."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, BF16_VEC, BF16_VEC]), "llvm.x86.avx512bf16.dpbf16ps.512")
-    return builder.call(fn, [acc, a, b])
+    """acc[i] += a[2i+1] b[2i+1], then += a[2i] b[2i], in float32 (vdpbf16ps; each product of two
+    bfloat16 is exact in float32, so a fused multiply-add per product gives the same sums)."""
+    if _native_bf16():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, BF16_VEC, BF16_VEC]), "llvm.x86.avx512bf16.dpbf16ps.512")
+        return builder.call(fn, [acc, a, b])
+    pairs_a, pairs_b = builder.bitcast(a, I32_VEC), builder.bitcast(b, I32_VEC)
+    high = ir.Constant(I32_VEC, [-65536] * LANES)  # 0xFFFF0000: the odd element, already in place
+    odd = lambda p: builder.bitcast(builder.and_(p, high), VEC)
+    even = lambda p: builder.bitcast(builder.shl(p, ir.Constant(I32_VEC, [16] * LANES)), VEC)
+    acc = _fma(builder, odd(pairs_a), odd(pairs_b), acc)
+    return _fma(builder, even(pairs_a), even(pairs_b), acc)
 
 
 def _loop(builder, start, stop, step, inits, body):
@@ -655,8 +686,9 @@ def round_bf16_chunks(typingctx, out, x, t):
         px = builder.gep(xarr.data, [row], source_etype=F32)
 
         def body(i, _):
-            dst = builder.bitcast(builder.gep(po, [i], source_etype=I16), BF16_VEC.as_pointer())
-            builder.store(_round_bf16_chunk(builder, px, i), dst, align=2)
+            chunk = _round_bf16_chunk(builder, px, i)
+            dst = builder.bitcast(builder.gep(po, [i], source_etype=I16), chunk.type.as_pointer())
+            builder.store(chunk, dst, align=2)
             return []
 
         _loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [], body)

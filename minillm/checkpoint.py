@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig
-from .errors import CheckpointError, HardwareError
+from .errors import CheckpointError
 from .safetensors_io import SafetensorsFile
 
 # Tensors some checkpoints carry that the forward pass recomputes or does not need.
@@ -164,24 +164,12 @@ def _shard_path(model_dir: Path, index: Path, shard) -> Path:
     return path
 
 
-def check_cpu(dtype: str) -> None:
-    """HardwareError if this CPU lacks instructions dtype's kernels use (kernels.cpu)."""
-    from kernels.cpu import missing_features
-
-    missing = missing_features(dtype)
-    if missing:
-        raise HardwareError(
-            f"dtype {dtype} needs CPU features this machine lacks ({', '.join(missing)}); use --dtype float32"
-        )
-
-
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "float32", check_finite: bool = False
 ) -> tuple[ModelConfig, Weights]:
     """Config and weights at the compute precision `dtype`, checked against each other."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    check_cpu(dtype)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a model directory")

@@ -28,9 +28,5 @@ class GenerationError(MiniLLMError):
     """A request cannot be served: bad sampling settings, prompt too long, NaN logits."""
 
 
-class HardwareError(MiniLLMError):
-    """This CPU lacks instructions the requested weight precision needs."""
-
-
 class UsageError(MiniLLMError):
     """A malformed command-line value, e.g. `--tokens 1,x,3`."""

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from conftest import ROOT
 from hf_tiny import make_checkpoint
 from minillm.checkpoint import load_checkpoint
-from minillm.errors import CheckpointError, ConfigError, GGUFError, HardwareError, MiniLLMError, TokenizerError
+from minillm.errors import CheckpointError, ConfigError, GGUFError, MiniLLMError, TokenizerError
 from minillm.gguf_check import check_gguf
 from minillm.safetensors_io import SafetensorsFile
 
@@ -223,20 +223,6 @@ def test_weights_too_large_for_int8_scales_rejected(model_copy):
     load_checkpoint(model_copy, dtype="bfloat16")  # bfloat16 holds it
     with pytest.raises(CheckpointError, match="down_proj.weight.*float16 scales"):
         load_checkpoint(model_copy, dtype="int8")
-
-
-def test_precision_the_cpu_cannot_run_is_refused(model_copy, monkeypatch):
-    """bfloat16 kernels use AVX-512 BF16 instructions, which LLVM cannot compile for a CPU without
-    them (the process would abort): loading refuses first, naming what lacks. float32 and int8
-    kernels compile for any x86-64."""
-    import kernels.cpu
-
-    assert kernels.cpu.missing_features("bfloat16", frozenset({"avx512f"})) == ["avx512bf16"]
-    monkeypatch.setattr(kernels.cpu, "host_features", lambda: frozenset({"avx2", "fma", "f16c"}))
-    with pytest.raises(HardwareError, match="dtype bfloat16 needs CPU features.*avx512f, avx512bf16.*--dtype float32"):
-        load_checkpoint(model_copy, dtype="bfloat16")
-    for dtype in ("float32", "int8"):
-        load_checkpoint(model_copy, dtype=dtype)
 
 
 # ------------------------------------------------------------------ GGUF corpus
