@@ -11,7 +11,9 @@ quantized to int16 per block of 32 where they meet int8 weights.
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .decode import decode_batch
 from .matmul import add_bias, matmul, matvec
-from .quant import INT8_MAX_WEIGHT, QBLOCK, dequantize, gather_rows, quantize_activations, quantize_int8, to_bf16
+from .activation_prep import quantize_activations
+from .ir_blocks import QBLOCK
+from .quant import INT8_MAX_WEIGHT, dequantize, gather_rows, quantize_int8, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
 from .swiglu import swiglu

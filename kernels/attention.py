@@ -3,10 +3,9 @@
 import numpy as np
 from numba import get_thread_id, prange
 
-from ._jit import kernel
-from .lanes import EXACT_MATH, total
 from .expf import divide, exp_f32
-from .simd import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, weighted_rows
+from .float_sums import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows
+from .jit import EXACT_MATH, kernel
 
 
 @kernel(parallel=False)

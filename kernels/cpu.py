@@ -3,7 +3,7 @@
 float32 and int8 kernels are plain LLVM vectors, which compile for any x86-64 (LLVM splits the
 16-wide vectors where AVX-512 is missing). bfloat16 kernels use vdpbf16ps and vcvtne2ps2bf16
 where the CPU has AVX-512 BF16, and the same products and roundings in plain vectors where it
-does not (kernels.simd._native_bf16).
+does not (kernels.ir_blocks.native_bf16).
 """
 
 from functools import lru_cache

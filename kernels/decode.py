@@ -18,14 +18,14 @@ tensors are used in place); biases stacked (L, N), with N = 0 when the model has
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._jit import kernel
+from .activation_prep import activation, chunk_operand, prepare_operand
 from .attention import attend
-from .lanes import EXACT_MATH
-from .quant import activation, chunk_operand, chunked_len, prepare_operand, row_get, weight_at
+from .jit import EXACT_MATH, kernel
+from .quant import chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
 from .schedule import claim, start_claims
-from .simd import rows_dot4, weight_dot_chunks
+from .weight_products import rows_dot4, weight_dot_chunks
 from .swiglu import silu_mul
 
 ROWS_PER_TASK = 16
@@ -35,7 +35,7 @@ ROWS_PER_TASK = 16
 # ones do not and leave the loop waiting on FMA latency. Below it one row at a time is as fast or
 # faster: one stream, prefetched 4 KiB ahead (default model float32 decode +4-10% over four rows,
 # 8 of 8 alternating runs). bfloat16 and int8 rows never are: a bfloat16 row has two
-# accumulators (kernels.simd) and goes alone, unprefetched (1B shape decode +6%, default model
+# accumulators (kernels.weight_products) and goes alone, unprefetched (1B shape decode +6%, default model
 # +13%, 6 of 6 alternating runs each, against four rows from K = 4096 and prefetch); an int8
 # block is one vpmaddwd and one FMA for 32 weights, so one row's chain keeps up with memory.
 LONG_ROW = 4096
@@ -64,7 +64,7 @@ def _prepare_rows(w, xo, xs, x):
 def _linear_rows(out, col, w, s, task, xs, xos, xss):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b.
 
-    The dot product is inlined (kernels.simd intrinsics, not a call per row, which cost ~15%)
+    The dot product is inlined (kernels.weight_products intrinsics, not a call per row, which cost ~15%)
     and summed in row_dot's order: the chunks, then the tail in sequence. Long rows are streamed
     four at a time (see long_row), shorter ones one at a time, as one contiguous stream. While
     rows sit in L1, every sequence uses them. Against bfloat16 and int8 rows the chunks read

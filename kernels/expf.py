@@ -14,8 +14,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .lanes import EXACT_MATH
-from .quant import _bits_as_f32
+from .ir_blocks import bits_as_f32
+from .jit import EXACT_MATH
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # ln 2 = hi + lo; hi has few bits, so n * hi is exact
@@ -55,7 +55,7 @@ def divide(typingctx, a, b):
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def _pow2(n):
     """2.0**n as float32 for integer n in [-126, 127], by building the exponent bits."""
-    return _bits_as_f32(np.uint32(n + 127) << np.uint32(23))
+    return bits_as_f32(np.uint32(n + 127) << np.uint32(23))
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")

@@ -9,10 +9,11 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._jit import kernel
-from .lanes import EXACT_MATH
-from .quant import activation, chunk_operand, chunked_len, operand_buffers, prepare_operand, row_dot, weight_at
-from .simd import QBLOCK, bf16_tile_dot_4x4, int8_tile_dot_4x4, tile_dot_4x4
+from .activation_prep import activation, chunk_operand, operand_buffers, prepare_operand
+from .ir_blocks import QBLOCK
+from .jit import EXACT_MATH, kernel
+from .quant import chunked_len, weight_at
+from .weight_products import bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, tile_dot_4x4
 
 # Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
 # slower, when int8 rows were still widened into a float32 tile).

@@ -2,14 +2,9 @@
 of 32 along the input dimension with one float16 scale each (uint16 bits), as llama.cpp's Q8_0:
 34 bytes per 32 weights. Every weight q * scale is exact in float32 (8 + 11 significant bits).
 
-`row_dot` is the one dot product every linear kernel uses: weight row n against a float32
-vector, accumulated in float32, in a fixed summation order. It is specialised at compile time on
-the weight dtype; `s` holds the int8 scales and is an ignored (1, 1) array otherwise. float32
-rows are used as they are. bfloat16 rows meet x rounded to bfloat16 (`activation`), as in
-llama.cpp's BF16 path: each product is exact in float32, and vdpbf16ps does 32 of them per
-instruction, which doubles the prefill's arithmetic rate. int8 rows meet x quantized to int16
-per block of 32 (`kernels.simd.quantize_blocks`; llama.cpp quantizes to int8): 32 exact integer
-products per vpmaddwd. Either way x is prepared once per vector (`prepare_operand`).
+Here: converting and quantizing weights at load (to_bf16, quantize_int8), reading one weight or
+row as float32 (weight_at, row_get, gather_rows, dequantize), and how much of a row the vector
+products cover (chunked_len). The products themselves are in weight_products.
 """
 
 import numpy as np
@@ -17,103 +12,17 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from ._jit import REDUCE_MATH, kernel
-from .lanes import EXACT_MATH
-from .simd import BF16_CHUNK, LANES, QBLOCK, quantize_blocks, round_bf16_chunks, weight_dot_chunks
-
-
-@intrinsic
-def _bits_as_f32(typingctx, bits):
-    """Reinterpret a uint32 as float32 (a register move, no conversion)."""
-    sig = types.float32(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_as_bits(typingctx, value):
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-
-    return sig, codegen
+from .ir_blocks import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
+from .jit import EXACT_MATH, REDUCE_MATH, kernel
 
 
 @njit(cache=True, inline="always")
 def bf16_bits(v):
     """float32 -> bfloat16 bits, nearest-even as torch and vcvtne2ps2bf16 round; NaN stays NaN."""
-    bits = _f32_as_bits(v)
+    bits = f32_as_bits(v)
     if (bits & 0x7FFFFFFF) > 0x7F800000:
         return np.uint16((bits >> 16) | 0x40)
     return np.uint16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
-
-
-def activation(w, v):
-    """Activation v as products with weights of w's precision see it: rounded to bfloat16 against
-    bfloat16 weights, unchanged otherwise."""
-    raise NotImplementedError
-
-
-@overload(activation, jit_options={"fastmath": EXACT_MATH})
-def _activation(w, v):
-    if w.dtype == types.uint16:
-        return lambda w, v: _bits_as_f32(np.uint32(bf16_bits(v)) << 16)
-    return lambda w, v: v
-
-
-@kernel()
-def quantize_activations(xq, xs, x):
-    """Every row of x (T, K) quantized to int16 per block, as int8 weights meet it
-    (kernels.simd.quantize_blocks): xq (T, K), xs (T, K // QBLOCK)."""
-    for b in prange(x.shape[0]):
-        quantize_blocks(xq, xs, x, b)
-
-
-def prepare_operand(w, xo, xs, x, b):
-    """Row b of x as the dot products against w's rows read it: rounded to bfloat16 bits into
-    xo[b] for bfloat16 weights, quantized to int16 into xo[b] with block scales xs[b] for int8
-    (once per vector, not once per weight row); nothing for float32."""
-    raise NotImplementedError
-
-
-@overload(prepare_operand)
-def _prepare_operand(w, xo, xs, x, b):
-    if w.dtype == types.uint16:
-        return lambda w, xo, xs, x, b: round_bf16_chunks(xo, x, b)
-    if w.dtype == types.int8:
-        return lambda w, xo, xs, x, b: quantize_blocks(xo, xs, x, b)
-    return lambda w, xo, xs, x, b: None
-
-
-def chunk_operand(w, x, xo):
-    """The activations weight_dot_chunks reads against w's rows: xo (prepare_operand's) for
-    bfloat16 and int8 weights, x itself for float32."""
-    raise NotImplementedError
-
-
-@overload(chunk_operand)
-def _chunk_operand(w, x, xo):
-    if w.dtype == types.float32:
-        return lambda w, x, xo: x
-    return lambda w, x, xo: xo
-
-
-def operand_buffers(w, T, K):
-    """(xo, xs) for prepare_operand of T vectors of K against w's precision."""
-    raise NotImplementedError
-
-
-@overload(operand_buffers)
-def _operand_buffers(w, T, K):
-    if w.dtype == types.int8:
-        return lambda w, T, K: (np.empty((T, K), np.int16), np.empty((T, K // QBLOCK), np.float32))
-    if w.dtype == types.uint16:
-        return lambda w, T, K: (np.empty((T, K), np.uint16), np.empty((T, 0), np.float32))
-    return lambda w, T, K: (np.empty((T, 0), np.float32), np.empty((T, 0), np.float32))  # x itself
 
 
 def chunked_len(w, K):
@@ -161,28 +70,9 @@ def _weight_at(w, s, n, k):
     if w.dtype == types.float32:
         return lambda w, s, n, k: w[n, k]
     if w.dtype == types.uint16:
-        return lambda w, s, n, k: _bits_as_f32(np.uint32(w[n, k]) << 16)
+        return lambda w, s, n, k: bits_as_f32(np.uint32(w[n, k]) << 16)
     if w.dtype == types.int8:
         return lambda w, s, n, k: np.float32(w[n, k]) * f16_value(s[n, k // QBLOCK])
-
-
-def row_dot(w, s, n, x, xo, xs):
-    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.simd:
-    the full chunks from chunk_operand(w, x, xo) (xo, xs: row b of prepare_operand's buffers),
-    then the tail of x in sequence."""
-    raise NotImplementedError
-
-
-@overload(row_dot, jit_options={"fastmath": EXACT_MATH})
-def _row_dot(w, s, n, x, xo, xs):
-    def dot(w, s, n, x, xo, xs):
-        K = w.shape[1]
-        total = weight_dot_chunks(w, s, n, chunk_operand(w, x, xo), xs)
-        for k in range(chunked_len(w, K), K):
-            total += weight_at(w, s, n, k) * activation(w, x[k])
-        return total
-
-    return dot
 
 
 @njit(fastmath=EXACT_MATH, cache=True)

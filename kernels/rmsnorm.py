@@ -1,8 +1,8 @@
 import numpy as np
 from numba import prange
 
-from ._jit import kernel
-from .lanes import EXACT_MATH, dot
+from .float_sums import dot
+from .jit import EXACT_MATH, kernel
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH)

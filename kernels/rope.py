@@ -3,7 +3,7 @@
 import numpy as np
 from numba import prange
 
-from ._jit import kernel
+from .jit import kernel
 
 
 def rope_tables(inv_freq: np.ndarray, ctx: int) -> tuple[np.ndarray, np.ndarray]:

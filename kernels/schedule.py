@@ -19,11 +19,10 @@ Every task runs exactly once, however prange spreads its `threads` iterations ov
 Which thread runs a task never changes a result: tasks write disjoint outputs.
 """
 
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import I64, _i64
+from .ir_blocks import I64, as_i64
 
 
 @intrinsic
@@ -33,7 +32,7 @@ def _fetch_add(typingctx, arr, i):
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        ptr = builder.gep(data, [_i64(builder, args[1], None)])
+        ptr = builder.gep(data, [as_i64(builder, args[1], None)])
         return builder.atomic_rmw("add", ptr, I64(1), "monotonic")
 
     return sig, codegen

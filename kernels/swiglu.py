@@ -1,9 +1,8 @@
 import numpy as np
 from numba import njit, prange
 
-from ._jit import kernel
 from .expf import divide, exp_f32
-from .lanes import EXACT_MATH
+from .jit import EXACT_MATH, kernel
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")  # once per element: no call overhead

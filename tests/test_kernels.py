@@ -109,7 +109,7 @@ def ref_int16_blocks(x):
 
 
 def test_activation_blocks_quantize_as_the_reference_and_keep_nan():
-    """Activations as int8 weights meet them (kernels.simd.quantize_blocks): levels and scales as the NumPy
+    """Activations as int8 weights meet them (kernels.activation_prep.quantize_blocks): levels and scales as the NumPy
     reference; an all-zero block stays zero; NaN or Inf in a block makes its scale NaN (so the
     outputs are NaN, as in float arithmetic); the tail past the last block is left alone."""
     x = rand(3, 5 * K.QBLOCK + 7)

@@ -2,9 +2,12 @@
 
 from numba import njit
 
+# Fused multiply-add allowed, reordering not: the model's sums keep their fixed order.
+EXACT_MATH = {"contract"}
+
 # Reductions may be reordered (so LLVM can vectorise float32 sums) and multiply-adds fused;
 # no `nnan`/`ninf`, so NaN and Inf still propagate. Only for sums whose order cannot change a
-# result (quantization's error search); the model's own sums use lanes.EXACT_MATH.
+# result (quantization's error search).
 REDUCE_MATH = {"reassoc", "contract"}
 
 

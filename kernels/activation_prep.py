@@ -1,0 +1,165 @@
+"""Activations prepared for the weights they meet, once per vector rather than once per row:
+rounded to bfloat16 bits against bfloat16 weights (round_bf16_chunks), quantized to int16 per block
+of 32 against int8 weights (quantize_blocks), used as they are against float32 (prepare_operand
+picks, at compile time, by the weights' dtype).
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from .ir_blocks import (
+    BF16_CHUNK, F32, I16, I64, LANES, QBLOCK, VEC, as_i64, bits_as_f32, data_ptr, load_f32, loop, round_bf16_chunk, splat,
+)
+from .jit import EXACT_MATH, kernel
+from .quant import bf16_bits
+
+
+ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
+F32_MAX = 3.4028234663852886e38
+
+
+@intrinsic
+def quantize_blocks(typingctx, xq, xs, x, b):
+    """Row b of float32 x quantized to int16 per block of QBLOCK, over its full blocks (int8 weights
+    meet these in int8_block_term): xs[b, j] = the block's largest magnitude / 32767, xq[b, k] =
+    x[b, k] * (32767 / that magnitude), rounded to nearest even. A product's error is then at most
+    about 1/65534 of the block's largest value. A block holding NaN or Inf gets a NaN scale, so
+    every output it feeds is NaN, as in float arithmetic; a block whose largest magnitude is below
+    ~1e-34 (32767 / it overflows) counts as zeros."""
+    sig = types.void(xq, xs, x, b)
+
+    def codegen(context, builder, signature, args):
+        qty, sty, xty, _ = signature.args
+        xarr = context.make_array(xty)(context, builder, args[2])
+        K = builder.extract_value(xarr.shape, 1)
+        row = as_i64(builder, args[3], None)
+        px = builder.gep(xarr.data, [builder.mul(row, K)], source_etype=F32)
+        pq = data_ptr(context, builder, qty, args[0], builder.mul(row, K), I16)
+        sarr = context.make_array(sty)(context, builder, args[1])
+        ps = builder.gep(sarr.data, [builder.mul(row, builder.extract_value(sarr.shape, 1))], source_etype=F32)
+        module = builder.module
+        fabs = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.fabs.v16f32")
+        vmax = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
+        vmin = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.minnum.v16f32")
+        rint = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.rint.v16f32")
+        any_set = cgutils.get_or_insert_function(module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), LANES)]), "llvm.vector.reduce.or.v16i1")
+        hmax = cgutils.get_or_insert_function(module, ir.FunctionType(F32, [VEC]), "llvm.vector.reduce.fmax.v16f32")
+        top = ir.Constant(VEC, [F32_MAX] * LANES)
+
+        def block(i, _):
+            halves = [load_f32(builder, px, builder.add(i, I64(h * LANES))) for h in range(2)]
+            mags = [builder.call(fabs, [v]) for v in halves]
+            # NaN or Inf anywhere: |v| > F32_MAX or unordered
+            bad = builder.call(any_set, [builder.or_(*[builder.fcmp_unordered(">", m, top) for m in mags])])
+            amax = builder.call(hmax, [builder.call(vmax, mags)])
+            inv = builder.fdiv(F32(ACT_MAX), amax)
+            zero = builder.or_(bad, builder.not_(builder.fcmp_ordered("<=", inv, F32(F32_MAX))))  # also amax == 0
+            inv = builder.select(zero, F32(0.0), inv)
+            scale = builder.select(bad, F32(float("nan")), builder.select(zero, F32(0.0), builder.fdiv(amax, F32(ACT_MAX))))
+            builder.store(scale, builder.gep(ps, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32))
+            inv_v = splat(builder, inv)
+            levels = ir.Constant(VEC, [ACT_MAX] * LANES)
+            for h, v in enumerate(halves):
+                q = builder.call(rint, [builder.fmul(v, inv_v)])
+                q = builder.call(vmin, [builder.call(vmax, [q, builder.fneg(levels)]), levels])
+                dst = builder.gep(pq, [builder.add(i, I64(h * LANES))], source_etype=I16)
+                builder.store(builder.fptosi(q, ir.VectorType(I16, LANES)), builder.bitcast(dst, ir.VectorType(I16, LANES).as_pointer()), align=2)
+            return []
+
+        loop(builder, I64(0), builder.and_(K, I64(-QBLOCK)), QBLOCK, [], block)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def round_bf16_chunks(typingctx, out, x, t):
+    """out[t, k] = x[t, k] rounded to bfloat16 bits, over the full 32-element chunks of the row
+    (the same rounding as weight_dot_chunks applies to its x on the fly)."""
+    sig = types.void(out, x, t)
+
+    def codegen(context, builder, signature, args):
+        oarr = context.make_array(signature.args[0])(context, builder, args[0])
+        xarr = context.make_array(signature.args[1])(context, builder, args[1])
+        K = builder.extract_value(xarr.shape, 1)
+        row = builder.mul(as_i64(builder, args[2], None), K)
+        po = builder.gep(oarr.data, [row], source_etype=I16)
+        px = builder.gep(xarr.data, [row], source_etype=F32)
+
+        def body(i, _):
+            chunk = round_bf16_chunk(builder, px, i)
+            dst = builder.bitcast(builder.gep(po, [i], source_etype=I16), chunk.type.as_pointer())
+            builder.store(chunk, dst, align=2)
+            return []
+
+        loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [], body)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def activation(w, v):
+    """Activation v as products with weights of w's precision see it: rounded to bfloat16 against
+    bfloat16 weights, unchanged otherwise."""
+    raise NotImplementedError
+
+
+@overload(activation, jit_options={"fastmath": EXACT_MATH})
+def _activation(w, v):
+    if w.dtype == types.uint16:
+        return lambda w, v: bits_as_f32(np.uint32(bf16_bits(v)) << 16)
+    return lambda w, v: v
+
+
+@kernel()
+def quantize_activations(xq, xs, x):
+    """Every row of x (T, K) quantized to int16 per block, as int8 weights meet it
+    (quantize_blocks): xq (T, K), xs (T, K // QBLOCK)."""
+    for b in prange(x.shape[0]):
+        quantize_blocks(xq, xs, x, b)
+
+
+def prepare_operand(w, xo, xs, x, b):
+    """Row b of x as the dot products against w's rows read it: rounded to bfloat16 bits into
+    xo[b] for bfloat16 weights, quantized to int16 into xo[b] with block scales xs[b] for int8
+    (once per vector, not once per weight row); nothing for float32."""
+    raise NotImplementedError
+
+
+@overload(prepare_operand)
+def _prepare_operand(w, xo, xs, x, b):
+    if w.dtype == types.uint16:
+        return lambda w, xo, xs, x, b: round_bf16_chunks(xo, x, b)
+    if w.dtype == types.int8:
+        return lambda w, xo, xs, x, b: quantize_blocks(xo, xs, x, b)
+    return lambda w, xo, xs, x, b: None
+
+
+def chunk_operand(w, x, xo):
+    """The activations weight_dot_chunks reads against w's rows: xo (prepare_operand's) for
+    bfloat16 and int8 weights, x itself for float32."""
+    raise NotImplementedError
+
+
+@overload(chunk_operand)
+def _chunk_operand(w, x, xo):
+    if w.dtype == types.float32:
+        return lambda w, x, xo: x
+    return lambda w, x, xo: xo
+
+
+def operand_buffers(w, T, K):
+    """(xo, xs) for prepare_operand of T vectors of K against w's precision."""
+    raise NotImplementedError
+
+
+@overload(operand_buffers)
+def _operand_buffers(w, T, K):
+    if w.dtype == types.int8:
+        return lambda w, T, K: (np.empty((T, K), np.int16), np.empty((T, K // QBLOCK), np.float32))
+    if w.dtype == types.uint16:
+        return lambda w, T, K: (np.empty((T, K), np.uint16), np.empty((T, 0), np.float32))
+    return lambda w, T, K: (np.empty((T, 0), np.float32), np.empty((T, 0), np.float32))  # x itself

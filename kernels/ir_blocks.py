@@ -1,0 +1,322 @@
+"""LLVM IR building blocks for the kernels' fixed-order sums, written with 16-wide vectors.
+
+Every sum in minillm's forward pass is LANES partial sums (one AVX-512 register) accumulated with
+fused multiply-adds over aligned chunks, then added in one fixed tree (reduce_tree); the caller
+adds the remaining n % LANES terms in sequence. No reassociation is possible, so the fused decode
+step, the prefill matmul and batched decode give bit-identical results for the same row, whatever
+else is computed alongside. Numba leaves float reductions scalar unless allowed to reorder them
+(and then the order depends on how LLVM vectorises each call site), hence explicit vectors.
+
+Here: vector types, loads, the loop and reduction skeletons, the 4 x 4 register tile, and the
+per-precision pieces the weight products use (bfloat16 chunks and vdpbf16ps, int8 blocks and
+their pair sums). The intrinsics built from them live in weight_products, float_sums and
+activation_prep.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 16
+QBLOCK = 32  # int8 weights per scale
+F32 = ir.FloatType()
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+VEC = ir.VectorType(F32, LANES)
+
+
+def fma_vec(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def reduce_tree(builder, acc):
+    """(a0+a8, .., a7+a15) -> (s0+s4, .., s3+s7) -> (t0+t2, t1+t3) -> u0+u1: the one order of every sum."""
+
+    def half(v, width):
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width // 2), list(range(width // 2))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width // 2), list(range(width // 2, width))))
+        return builder.fadd(lo, hi)
+
+    v = half(half(half(acc, 16), 8), 4)
+    return builder.fadd(builder.extract_element(v, I64(0)), builder.extract_element(v, I64(1)))
+
+
+def reduce16_vector(builder, accs):
+    """reduce_tree of 16 accumulators at once, by transposing shuffles: the same additions on the same
+    pairs (so bit-identical results), 15 vector adds instead of 16 separate trees."""
+
+    def combine(a, b, lo, hi):
+        idx = lambda ix: ir.Constant(ir.VectorType(I32, LANES), ix)
+        return builder.fadd(builder.shuffle_vector(a, b, idx(lo)), builder.shuffle_vector(a, b, idx(hi)))
+
+    # level 1: [A0..7 | B0..7] + [A8..15 | B8..15] = [sA0..7 | sB0..7]
+    lvl = [combine(accs[2 * p], accs[2 * p + 1], list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32))) for p in range(8)]
+    # level 2: s_i + s_(i+4), four outputs per vector
+    lo = [o + i for o in (0, 8, 16, 24) for i in range(4)]
+    lvl = [combine(lvl[2 * p], lvl[2 * p + 1], lo, [i + 4 for i in lo]) for p in range(4)]
+    # level 3: (t0 + t2, t1 + t3), eight outputs per vector
+    lo = [o + i for o in range(0, 32, 4) for i in range(2)]
+    lvl = [combine(lvl[2 * p], lvl[2 * p + 1], lo, [i + 2 for i in lo]) for p in range(2)]
+    # level 4: u0 + u1, sixteen outputs
+    return combine(lvl[0], lvl[1], list(range(0, 32, 2)), list(range(1, 32, 2)))
+
+
+def data_ptr(context, builder, arrty, arr, offset, elem):
+    """Pointer to element `offset` of an array's data."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.gep(data, [offset], source_etype=elem)
+
+
+def load_f32(builder, ptr, i):
+    return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
+
+
+def splat(builder, scalar):
+    """16 copies of a float32 scalar."""
+    vec = builder.insert_element(ir.Constant(VEC, ir.Undefined), scalar, I32(0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+
+
+def f16_splat(builder, sptr, blk):
+    """16 copies of float16 scale blk (uint16 bits at sptr), widened to float32 (exact)."""
+    bits = builder.load(builder.gep(sptr, [blk], source_etype=I16), typ=I16, align=2)
+    # Into a zeroed vector, not an undefined one: LLVM would otherwise insert into whatever register
+    # is at hand, often the accumulator, and chain every scale behind the previous FMA (2x slower).
+    # Widened as a vector: a scalar float16 conversion measured 35% slower in the int8 row loop.
+    word = builder.insert_element(ir.Constant(ir.VectorType(I32, 4), [0] * 4), builder.zext(bits, I32), I32(0))
+    halves = builder.bitcast(word, ir.VectorType(ir.HalfType(), 8))
+    splat = builder.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+    return builder.fpext(splat, VEC)
+
+
+def as_i64(builder, value, ty):
+    return builder.sext(value, I64) if value.type.width < 64 else value
+
+
+def loop(builder, start, stop, step, inits, body):
+    """for i in range(start, stop, step) (i < stop checked before each step): values = body(i, values).
+    Returns the final values."""
+    entry = builder.block
+    header = builder.append_basic_block("loop")
+    loop = builder.append_basic_block("step")
+    done = builder.append_basic_block("loop_done")
+    builder.branch(header)
+    builder.position_at_end(header)
+    i = builder.phi(I64)
+    i.add_incoming(start, entry)
+    values = []
+    for init in inits:
+        phi = builder.phi(init.type)
+        phi.add_incoming(init, entry)
+        values.append(phi)
+    builder.cbranch(builder.icmp_signed("<", builder.add(i, I64(step - 1)), stop), loop, done)
+    builder.position_at_end(loop)
+    new = body(i, values)
+    for phi, value in zip(values, new):
+        phi.add_incoming(value, builder.block)
+    i.add_incoming(builder.add(i, I64(step)), builder.block)
+    builder.branch(header)
+    builder.position_at_end(done)
+    return values
+
+
+def chunk_loop(builder, n, n_acc, body, init=0.0):
+    """for i in 0, 16, .. < n - n % 16: accs = body(i, accs), each accumulator starting as 16
+    copies of `init`. Returns the final accumulators."""
+    return loop(builder, I64(0), builder.and_(n, I64(-LANES)), LANES, [ir.Constant(VEC, [init] * LANES)] * n_acc, body)
+
+
+# float32 and int8 weight loops ask for the data this many bytes ahead (into the next rows, past a
+# row's end), once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts
+# on every row. Measured: 2 KiB ahead, bfloat16 decode ~+15% on both model shapes (with one
+# accumulator per row; with two, bfloat16 rows are faster without); 4 KiB over 2 KiB,
+# default-model decode int8 +10%, float32 +4% (8 KiB: the same as 4). A prefetch per 16-weight
+# chunk (four per line at int8) cost more than it gained.
+PREFETCH_BYTES = 4096
+LINE_BYTES = 64
+
+
+def prefetch(builder, ptr):
+    """A read prefetch of ptr's cache line into all levels; never faults, even past an array's end."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), I32(0), I32(3), I32(1)])
+
+
+def fma_acc(builder, acc, a, b):
+    """acc + a b, fused: fma_vec with the accumulator first, as dpbf16 takes it."""
+    return fma_vec(builder, a, b, acc)
+
+
+def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None):
+    """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
+    its own accumulator (8 loads feed 16 multiply-adds), reduced together: a vector, lane 4 j + c.
+    float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
+    chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
+    lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
+    two sides differ (int8 rows, int16 tokens)."""
+    col_load = col_load or load
+
+    def body(i, accs):
+        rv = [load(builder, p, i) for p in rows]
+        out = []
+        for j, cp in enumerate(cols):
+            cv = col_load(builder, cp, i)
+            out += [term(builder, accs[4 * j + c], rv[c], cv) for c in range(4)]
+        return out
+
+    zero = ir.Constant(VEC, [0.0] * LANES)
+    full = builder.and_(n, I64(-chunk))
+    # chunks a, a + accs, a + 2 accs, ..: loop steps while i + step - 1 < stop, so stop is
+    # raised by the stride less one chunk to take the last chunk of each pass
+    stop = builder.add(full, I64(chunk * (accs - 1)))
+    passes = [loop(builder, I64(a * chunk), stop, chunk * accs, [zero] * 16, body) for a in range(accs)]
+    total = passes[0]
+    for p in passes[1:]:
+        total = [builder.fadd(t, v) for t, v in zip(total, p)]
+    return reduce16_vector(builder, total)
+
+
+# int8 weights meet activations quantized to int16 per block of 32 (quantize_blocks):
+# vpmaddwd multiplies a block's 32 pairs exactly into 16 int32 lanes (lane i: products 2i and 2i+1;
+# at most 2 * 127 * 32767 < 2**24, so exact again in float32), then one FMA adds them to the row's
+# float32 accumulator, times the weight scale times the activation scale. Widening every int8
+# weight to float32 instead cost one core 15 GB/s of weights; this streams 26.
+I32_VEC = ir.VectorType(I32, LANES)
+I16_BLOCK = ir.VectorType(I16, QBLOCK)
+
+
+def int8_values(builder, qptr, i):
+    """The 32 int8 weights from element i, sign-extended to int16."""
+    raw = builder.load(builder.gep(qptr, [i], source_etype=ir.IntType(8)), typ=ir.VectorType(ir.IntType(8), QBLOCK), align=1)
+    return builder.sext(raw, I16_BLOCK)
+
+
+def int16_values(builder, qptr, i):
+    """The 32 int16 activations from element i."""
+    return builder.load(builder.gep(qptr, [i], source_etype=I16), typ=I16_BLOCK, align=2)
+
+
+def load_int8_block(builder, qptr, sptr, i):
+    """The int8 block at element i (a multiple of QBLOCK) as int16, with its float16 scale as a
+    float32 vector."""
+    return int8_values(builder, qptr, i), f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)))
+
+
+def load_int16_block(builder, ptrs, i):
+    """The quantized activations' block at element i: 32 int16 and the block's float32 scale."""
+    qptr, sptr = ptrs
+    scale = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32), typ=F32, align=4)
+    return int16_values(builder, qptr, i), splat(builder, scale)
+
+
+def int8_pairs_term(builder, acc, w, x, scale):
+    """acc + float(sum of a block's 32 products w x, in pairs) * scale.
+
+    The pairs are written as plain IR (widen to int32, multiply, add neighbours), which LLVM
+    emits as one vpmaddwd: the same sums as vpdpwssd into zero (no overflow: |w| <= 127 and
+    |x| <= 32767), but AVX-512 BW, or two AVX2 halves, instead of AVX-512 VNNI."""
+    wide = ir.VectorType(I32, QBLOCK)
+    products = builder.mul(builder.sext(w, wide), builder.sext(x, wide))
+    half = lambda first: builder.shuffle_vector(products, products, ir.Constant(I32_VEC, list(range(first, QBLOCK, 2))))
+    pairs = builder.add(half(0), half(1))
+    return fma_vec(builder, builder.sitofp(pairs, VEC), scale, acc)
+
+
+def int8_block_term(builder, acc, w, x):
+    """acc + float(sum of the block's 32 products, in pairs) * (weight scale * activation scale);
+    w and x: (32 int16, scale vector) from load_int8_block and load_int16_block."""
+    return int8_pairs_term(builder, acc, w[0], x[0], builder.fmul(w[1], x[1]))
+
+
+class BFloatType(ir.Type):
+    """LLVM's bfloat, which llvmlite's IR builder lacks (it only prints types)."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, BFloatType)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+BF16_CHUNK = 32
+BF16_ACCS = 2  # accumulators of a bfloat16 row: even chunks, odd chunks
+BF16_VEC = ir.VectorType(BFloatType(), BF16_CHUNK)
+I16_VEC = ir.VectorType(I16, BF16_CHUNK)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has AVX-512 BF16 (vdpbf16ps, vcvtne2ps2bf16). Without it the same products
+    and roundings are written as plain integer and float vectors (kernels.cpu); Numba's on-disk
+    cache is keyed by the CPU's features, so each machine compiles the path it can run."""
+    from .cpu import host_features
+
+    return "avx512bf16" in host_features()
+
+
+def load_bf16_chunk(builder, ptr, i):
+    """32 bfloat16 values (uint16 bits) from element i."""
+    raw = builder.load(builder.gep(ptr, [i], source_etype=I16), typ=I16_VEC, align=2)
+    return builder.bitcast(raw, BF16_VEC) if native_bf16() else raw
+
+
+def round_bf16_chunk(builder, ptr, i):
+    """32 float32 values from element i, rounded to bfloat16 (nearest-even; NaN stays NaN)."""
+    lo, hi = load_f32(builder, ptr, i), load_f32(builder, ptr, builder.add(i, I64(LANES)))
+    if native_bf16():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(BF16_VEC, [VEC, VEC]), "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+        return builder.call(fn, [hi, lo])  # the second operand fills the low half
+    halves = [round_bf16_plain(builder, v) for v in (lo, hi)]
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(I32, BF16_CHUNK), list(range(BF16_CHUNK))))
+
+
+def round_bf16_plain(builder, v):
+    """16 float32 to bfloat16 bits (16 x i16), as kernels.quant.bf16_bits rounds one."""
+    i32v = lambda c: ir.Constant(I32_VEC, [c] * LANES)
+    bits = builder.bitcast(v, I32_VEC)
+    upper = builder.lshr(bits, i32v(16))
+    rounded = builder.lshr(builder.add(bits, builder.add(i32v(0x7FFF), builder.and_(upper, i32v(1)))), i32v(16))
+    quiet_nan = builder.or_(upper, i32v(0x40))
+    out = builder.select(builder.fcmp_unordered("uno", v, v), quiet_nan, rounded)
+    return builder.trunc(out, ir.VectorType(I16, LANES))
+
+
+def dpbf16(builder, acc, a, b):
+    """acc[i] += a[2i+1] b[2i+1], then += a[2i] b[2i], in float32 (vdpbf16ps; each product of two
+    bfloat16 is exact in float32, so a fused multiply-add per product gives the same sums)."""
+    if native_bf16():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, BF16_VEC, BF16_VEC]), "llvm.x86.avx512bf16.dpbf16ps.512")
+        return builder.call(fn, [acc, a, b])
+    pairs_a, pairs_b = builder.bitcast(a, I32_VEC), builder.bitcast(b, I32_VEC)
+    high = ir.Constant(I32_VEC, [-65536] * LANES)  # 0xFFFF0000: the odd element, already in place
+    odd = lambda p: builder.bitcast(builder.and_(p, high), VEC)
+    even = lambda p: builder.bitcast(builder.shl(p, ir.Constant(I32_VEC, [16] * LANES)), VEC)
+    acc = fma_vec(builder, odd(pairs_a), odd(pairs_b), acc)
+    return fma_vec(builder, even(pairs_a), even(pairs_b), acc)
+
+
+@intrinsic
+def bits_as_f32(typingctx, bits):
+    """Reinterpret a uint32 as float32 (a register move, no conversion)."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_as_bits(typingctx, value):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return sig, codegen
