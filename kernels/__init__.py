@@ -8,18 +8,18 @@ activations, except that they are rounded to bfloat16 where they meet bfloat16 w
 quantized to int16 per block of 32 where they meet int8 weights.
 """
 
-from .attention import QUERIES_PER_TASK, attend, attention, kv_write
-from .decode import decode_batch
-from .matmul import add_bias, matmul, matvec
 from .activation_prep import quantize_activations
+from .attention import QUERIES_PER_TASK, attend, attention, kv_write
+from .decode import DecodeBuffers, DecodeWeights, decode_batch
 from .ir_blocks import QBLOCK
+from .matmul import add_bias, matmul, matvec
 from .quant import INT8_MAX_WEIGHT, dequantize, gather_rows, quantize_int8, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
 from .swiglu import swiglu
 
 __all__ = [
-    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "decode_batch", "add_bias", "matmul", "matvec",
+    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "DecodeBuffers", "DecodeWeights", "decode_batch", "add_bias", "matmul", "matvec",
     "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
     "rope", "rope_row", "rope_tables", "swiglu",
 ]

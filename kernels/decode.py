@@ -11,12 +11,16 @@ L1 (decode is bound by reading weights, so B sequences cost little more than one
 has its own cache slot and position. Every sum is in row_dot's fixed order, so a sequence's
 logits do not depend on what else is in the batch, nor on the path (prefill or decode).
 
-Per-layer weights come as numba.typed.List (one array per layer, so memory-mapped checkpoint
-tensors are used in place); biases stacked (L, N), with N = 0 when the model has none.
+The weights and buffers come as NamedTuples (DecodeWeights, DecodeBuffers), filled by name;
+Numba passes them as plain structs.
 """
 
+from typing import NamedTuple
+
+import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
+from numba.typed import List
 
 from .activation_prep import activation, chunk_operand, prepare_operand
 from .attention import attend
@@ -25,8 +29,8 @@ from .quant import chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
 from .schedule import claim, start_claims
-from .weight_products import rows_dot4, weight_dot_chunks
 from .swiglu import silu_mul
+from .weight_products import rows_dot4, weight_dot_chunks
 
 ROWS_PER_TASK = 16
 
@@ -127,36 +131,79 @@ def _add_residual(x, proj, bias, l):
             x[b, n] += y
 
 
-@kernel(fastmath=EXACT_MATH)
-def decode_batch(
-    logits,  # (B, V) out
-    tokens,  # (B,) the new token of each sequence
-    positions,  # (B,) each token's position; slot b's cache holds 0..positions[b]-1
-    slots,  # (B,) each sequence's cache slot
-    ws,  # workspace: (x (B, H), xn (B, H), qkv (B, q_dim + 2 kv_dim), att (B, q_dim), proj (B, H), gate (B, I), up (B, I), scores (B * nh, ctx))
-    ws_ops,  # xn, att and gate as the weights' dot products read them (kernels.quant.prepare_operand):
+class DecodeWeights(NamedTuple):
+    """The model's weights as decode_batch reads them, built once at load (minillm.model).
+
+    Matrices come at any precision of kernels.quant, each with its int8 block scales (a (1, 1)
+    array otherwise). Per-layer matrices are numba.typed.List of one array per layer, so
+    memory-mapped checkpoint tensors are used in place; norms and biases are stacked (L, N),
+    biases with N = 0 when the model has none.
+    """
+
+    embed: np.ndarray  # (V, H)
+    embed_scales: np.ndarray
+    lm_head: np.ndarray  # (V, H); the embedding itself when tied
+    lm_head_scales: np.ndarray
+    input_norm: np.ndarray  # (L, H)
+    post_norm: np.ndarray  # (L, H)
+    final_norm: np.ndarray  # (H,)
+    q: List  # (q_dim, H) per layer
+    q_scales: List
+    k: List  # (kv_dim, H)
+    k_scales: List
+    v: List  # (kv_dim, H)
+    v_scales: List
+    o: List  # (H, q_dim)
+    o_scales: List
+    gate: List  # (I, H)
+    gate_scales: List
+    up: List  # (I, H)
+    up_scales: List
+    down: List  # (H, I)
+    down_scales: List
+    qkv_bias: np.ndarray  # (L, q_dim + 2 kv_dim) or (L, 0)
+    o_bias: np.ndarray  # (L, H) or (L, 0)
+    gate_up_bias: np.ndarray  # (L, 2 I) or (L, 0)
+    down_bias: np.ndarray  # (L, H) or (L, 0)
+
+
+class DecodeBuffers(NamedTuple):
+    """Inputs, outputs and scratch of one decode step for B sequences (minillm.model.DecodeWorkspace
+    keeps one set of views per batch size, so a step allocates nothing)."""
+
+    logits: np.ndarray  # (B, V) out
+    tokens: np.ndarray  # (B,) the new token of each sequence
+    positions: np.ndarray  # (B,) each token's position; slot b's cache holds 0..positions[b]-1
+    slots: np.ndarray  # (B,) each sequence's cache slot
+    x: np.ndarray  # (B, H) residual stream
+    xn: np.ndarray  # (B, H) normalised input of a sub-block
+    qkv: np.ndarray  # (B, q_dim + 2 kv_dim) q | k | v
+    att: np.ndarray  # (B, q_dim) attention output
+    proj: np.ndarray  # (B, H) o-proj / down output before the residual add
+    gate: np.ndarray  # (B, I)
+    up: np.ndarray  # (B, I)
+    scores: np.ndarray  # (B * nh, ctx) one row per (sequence, head)
+    # xn, att and gate as the weights' products read them (kernels.activation_prep.prepare_operand):
     # bfloat16 bits (uint16) or int16 values, same shapes; width 0 for float32 weights
-    ws_scales,  # their int16 block scales (float32 (B, dim // 32); width 0 unless int8)
-    claims,  # (2, threads) int64: the task shares of each parallel loop (kernels.schedule), one per thread
-    norms,  # (input (L, H), post-attention (L, H), final (H,))
-    embed,  # (w, s) of the embedding (V, H)
-    lm_head,  # (w, s) of the LM head (V, H)
-    layers,  # typed lists: (wq, sq, wk, sk, wv, sv, wo, so, wg, sg, wu, su, wd, sd)
-    biases,  # (qkv (L, q_dim + 2 kv_dim), o (L, H), gate_up (L, 2I), down (L, H))
-    k_pool,  # (slots, L, nkv, ctx, hd)
-    v_pool,
-    cos,
-    sin,
-    eps,
-):
-    x, xn, qkv, att, proj, gate, up, scores = ws
-    xn_o, att_o, gate_o = ws_ops
-    xn_s, att_s, gate_s = ws_scales
-    in_norm, post_norm, final_norm = norms
-    wq, sq, wk, sk, wv, sv, wo, so, wg, sg, wu, su, wd, sd = layers
-    b_qkv, b_o, b_gu, b_d = biases
-    B = tokens.shape[0]
-    L = in_norm.shape[0]
+    xn_op: np.ndarray
+    att_op: np.ndarray
+    gate_op: np.ndarray
+    # their int16 block scales: float32 (B, dim // 32); width 0 unless int8
+    xn_scales: np.ndarray
+    att_scales: np.ndarray
+    gate_scales: np.ndarray
+    claims: np.ndarray  # (2, threads) int64: the task shares of each parallel loop (kernels.schedule)
+
+
+@kernel(fastmath=EXACT_MATH)
+def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
+    """One token for each of B sequences (buf: DecodeBuffers, w: DecodeWeights) through every
+    layer and the LM head into buf.logits. k_pool, v_pool: (slots, L, nkv, ctx, hd); cos, sin:
+    RoPE tables (ctx, hd / 2)."""
+    x, xn, qkv, att, proj, gate, up, scores = buf.x, buf.xn, buf.qkv, buf.att, buf.proj, buf.gate, buf.up, buf.scores
+    positions, slots, claims = buf.positions, buf.slots, buf.claims
+    B = buf.tokens.shape[0]
+    L = w.input_norm.shape[0]
     H = x.shape[1]
     nkv, hd = k_pool.shape[2], k_pool.shape[4]
     q_dim = att.shape[1]
@@ -169,32 +216,33 @@ def decode_batch(
     tq, tkv, th, ti = (q_dim + R - 1) // R, (kv_dim + R - 1) // R, (H + R - 1) // R, (I + R - 1) // R
 
     for b in range(B):
-        row_get(embed[0], embed[1], tokens[b], x[b])
+        row_get(w.embed, w.embed_scales, buf.tokens[b], x[b])
     for l in range(L):
         # This layer's arrays, taken out of the lists once: indexing a typed list inside a
         # parallel loop would touch a shared reference count on every row.
-        wq_l, sq_l, wk_l, sk_l, wv_l, sv_l = wq[l], sq[l], wk[l], sk[l], wv[l], sv[l]
-        wo_l, so_l, wg_l, sg_l, wu_l, su_l, wd_l, sd_l = wo[l], so[l], wg[l], sg[l], wu[l], su[l], wd[l], sd[l]
+        wq_l, sq_l, wk_l, sk_l, wv_l, sv_l = w.q[l], w.q_scales[l], w.k[l], w.k_scales[l], w.v[l], w.v_scales[l]
+        wo_l, so_l, wg_l, sg_l = w.o[l], w.o_scales[l], w.gate[l], w.gate_scales[l]
+        wu_l, su_l, wd_l, sd_l = w.up[l], w.up_scales[l], w.down[l], w.down_scales[l]
 
         # h = x + attn(rmsnorm(x))
         for b in range(B):
-            rmsnorm_row(xn[b], x[b], in_norm[l], eps)
-        _prepare_rows(wq_l, xn_o, xn_s, xn)
+            rmsnorm_row(xn[b], x[b], w.input_norm[l], eps)
+        _prepare_rows(wq_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, tq + 2 * tkv, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
             while task >= 0:  # q | k | v, each task within one matrix
                 if task < tq:
-                    _linear_rows(qkv, 0, wq_l, sq_l, task, xn, xn_o, xn_s)
+                    _linear_rows(qkv, 0, wq_l, sq_l, task, xn, buf.xn_op, buf.xn_scales)
                 elif task < tq + tkv:
-                    _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn, xn_o, xn_s)
+                    _linear_rows(qkv, q_dim, wk_l, sk_l, task - tq, xn, buf.xn_op, buf.xn_scales)
                 else:
-                    _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn, xn_o, xn_s)
+                    _linear_rows(qkv, q_dim + kv_dim, wv_l, sv_l, task - tq - tkv, xn, buf.xn_op, buf.xn_scales)
                 task = claim(claims, t, threads)
         for b in range(B):
-            if b_qkv.shape[1] > 0:
+            if w.qkv_bias.shape[1] > 0:
                 for r in range(q_dim + 2 * kv_dim):
-                    qkv[b, r] += b_qkv[l, r]
+                    qkv[b, r] += w.qkv_bias[l, r]
             pos = positions[b]
             q = qkv[b, :q_dim]
             k = qkv[b, q_dim : q_dim + kv_dim]
@@ -211,37 +259,36 @@ def decode_batch(
             lo = h * hd
             kv = h // n_rep
             attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv], v_pool[slots[b], l, kv], positions[b] + 1, scores[bh])
-        _prepare_rows(wo_l, att_o, att_s, att)
+        _prepare_rows(wo_l, buf.att_op, buf.att_scales, att)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            _linear_share(proj, wo_l, so_l, att, att_o, att_s, claims, t, threads)
-        _add_residual(x, proj, b_o, l)
+            _linear_share(proj, wo_l, so_l, att, buf.att_op, buf.att_scales, claims, t, threads)
+        _add_residual(x, proj, w.o_bias, l)
 
         # x = h + mlp(rmsnorm(h))
         for b in range(B):
-            rmsnorm_row(xn[b], x[b], post_norm[l], eps)
-        _prepare_rows(wg_l, xn_o, xn_s, xn)
+            rmsnorm_row(xn[b], x[b], w.post_norm[l], eps)
+        _prepare_rows(wg_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, 2 * ti, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
             while task >= 0:  # gate | up
                 if task < ti:
-                    _linear_rows(gate, 0, wg_l, sg_l, task, xn, xn_o, xn_s)
+                    _linear_rows(gate, 0, wg_l, sg_l, task, xn, buf.xn_op, buf.xn_scales)
                 else:
-                    _linear_rows(up, 0, wu_l, su_l, task - ti, xn, xn_o, xn_s)
+                    _linear_rows(up, 0, wu_l, su_l, task - ti, xn, buf.xn_op, buf.xn_scales)
                 task = claim(claims, t, threads)
         for b in range(B):
-            _silu_mul_rows(gate[b], up[b], b_gu, l)
-        _prepare_rows(wd_l, gate_o, gate_s, gate)
+            _silu_mul_rows(gate[b], up[b], w.gate_up_bias, l)
+        _prepare_rows(wd_l, buf.gate_op, buf.gate_scales, gate)
         start_claims(claims, th, threads)
         for t in prange(threads):
-            _linear_share(proj, wd_l, sd_l, gate, gate_o, gate_s, claims, t, threads)
-        _add_residual(x, proj, b_d, l)
+            _linear_share(proj, wd_l, sd_l, gate, buf.gate_op, buf.gate_scales, claims, t, threads)
+        _add_residual(x, proj, w.down_bias, l)
 
     for b in range(B):
-        rmsnorm_row(xn[b], x[b], final_norm, eps)
-    head_w, head_s = lm_head
-    _prepare_rows(head_w, xn_o, xn_s, xn)
-    start_claims(claims, (logits.shape[1] + R - 1) // R, threads)
+        rmsnorm_row(xn[b], x[b], w.final_norm, eps)
+    _prepare_rows(w.lm_head, buf.xn_op, buf.xn_scales, xn)
+    start_claims(claims, (buf.logits.shape[1] + R - 1) // R, threads)
     for t in prange(threads):
-        _linear_share(logits, head_w, head_s, xn, xn_o, xn_s, claims, t, threads)
+        _linear_share(buf.logits, w.lm_head, w.lm_head_scales, xn, buf.xn_op, buf.xn_scales, claims, t, threads)

@@ -54,45 +54,74 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     return inv_freq.astype(np.float32)
 
 
-class Workspace:
-    """Activation buffers for up to `rows` tokens, allocated once.
+class PrefillWorkspace:
+    """Activation buffers for a chunk of up to `rows` tokens of one sequence, allocated once."""
 
-    A decode workspace's rows are sequences of a batch, each with its own logits and attention
-    scores; a prefill workspace's rows are tokens of one sequence, which needs one row of logits
-    and one set of scores.
-    """
-
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, decode: bool, dtype: str = "float32"):
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int):
         f = np.float32
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.rows = rows
         self.x = np.zeros((rows, H), f)  # residual stream
         self.xn = np.zeros((rows, H), f)  # normalised input of a sub-block
-        self.qkv = np.zeros((rows, cfg.q_dim + 2 * cfg.kv_dim), f)  # decode: q | k | v
-        self.q = np.zeros((rows, cfg.q_dim), f)  # prefill: q, k, v apart (contiguous)
+        self.q = np.zeros((rows, cfg.q_dim), f)
         self.k = np.zeros((rows, cfg.kv_dim), f)
         self.v = np.zeros((rows, cfg.kv_dim), f)
         self.att = np.zeros((rows, cfg.q_dim), f)
         self.proj = np.zeros((rows, H), f)  # o_proj / down_proj output before the residual add
         self.gate = np.zeros((rows, I), f)
         self.up = np.zeros((rows, I), f)
-        sequences = rows if decode else 1
-        # decode: a row per (sequence, head); prefill: rows per thread (kernels.attention)
-        score_rows = rows * cfg.num_attention_heads if decode else K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS
-        self.scores = np.zeros((score_rows, ctx), f)
+        # score rows per thread (kernels.attention)
+        self.scores = np.zeros((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), f)
         self.positions = np.zeros(rows, np.int64)
-        self.tokens = np.zeros(rows, np.int64)  # decode: each sequence's token, position, cache slot
-        self.pos = np.zeros(rows, np.int64)
-        self.slots = np.zeros(rows, np.int64)
-        self.logits = np.zeros((sequences, cfg.vocab_size), f)
-        # decode: xn, att and gate as the weights' dot products read them, prepared once per step
-        # (kernels.quant.prepare_operand): bfloat16 bits, or int16 with a scale per block of 32
+        self.logits = np.zeros(cfg.vocab_size, f)  # the last token's
+
+
+class DecodeWorkspace:
+    """The buffers of one decode step for up to `rows` sequences, allocated once, handed to
+    kernels.decode_batch as a DecodeBuffers of views for each batch size (made once per size)."""
+
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, dtype: str):
+        f = np.float32
+        H, I, q_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim
+        # xn, att and gate as the weights' products read them (kernels.activation_prep):
+        # bfloat16 bits, or int16 with a scale per block of 32; none for float32
         op_dtype = np.int16 if dtype == "int8" else np.uint16
-        op_rows = rows if decode and dtype != "float32" else 0
-        scale_rows = rows if decode and dtype == "int8" else 0
-        self.operands = tuple(np.zeros((op_rows, n), op_dtype) for n in (H, cfg.q_dim, I))
-        self.scales = tuple(np.zeros((scale_rows, n // K.QBLOCK), f) for n in (H, cfg.q_dim, I))
-        self.claims = np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64)  # kernels.schedule
+        op_rows = rows if dtype != "float32" else 0
+        scale_rows = rows if dtype == "int8" else 0
+        self.rows = rows
+        self._full = K.DecodeBuffers(
+            logits=np.zeros((rows, cfg.vocab_size), f),
+            tokens=np.zeros(rows, np.int64),
+            positions=np.zeros(rows, np.int64),
+            slots=np.zeros(rows, np.int64),
+            x=np.zeros((rows, H), f),
+            xn=np.zeros((rows, H), f),
+            qkv=np.zeros((rows, q_dim + 2 * cfg.kv_dim), f),
+            att=np.zeros((rows, q_dim), f),
+            proj=np.zeros((rows, H), f),
+            gate=np.zeros((rows, I), f),
+            up=np.zeros((rows, I), f),
+            scores=np.zeros((rows * cfg.num_attention_heads, ctx), f),
+            xn_op=np.zeros((op_rows, H), op_dtype),
+            att_op=np.zeros((op_rows, q_dim), op_dtype),
+            gate_op=np.zeros((op_rows, I), op_dtype),
+            xn_scales=np.zeros((scale_rows, H // K.QBLOCK), f),
+            att_scales=np.zeros((scale_rows, q_dim // K.QBLOCK), f),
+            gate_scales=np.zeros((scale_rows, I // K.QBLOCK), f),
+            claims=np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64),  # kernels.schedule
+        )
+        self._views: dict[int, K.DecodeBuffers] = {}
+        self._heads = cfg.num_attention_heads
+
+    def buffers(self, batch: int) -> "K.DecodeBuffers":
+        """The buffers for `batch` sequences: views of the first rows (score rows: batch * heads)."""
+        views = self._views.get(batch)
+        if views is None:
+            full = self._full
+            per_sequence = {name: getattr(full, name)[:batch] for name in full._fields if name not in ("scores", "claims")}
+            views = full._replace(scores=full.scores[: batch * self._heads], **per_sequence)
+            self._views[batch] = views
+        return views
 
 
 class Model:
@@ -109,9 +138,9 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
         self._lock = threading.Lock()
-        self._decode_ws = Workspace(cfg, 1, self.ctx, decode=True, dtype=self.dtype)
-        self._prefill_ws: Workspace | None = None
-        self._decode_weights = _decode_weights(cfg, weights)
+        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.dtype)
+        self._prefill_ws: PrefillWorkspace | None = None
+        self._decode_weights = decode_weights(weights)
 
     @classmethod
     def load(
@@ -154,18 +183,18 @@ class Model:
                     out[start : start + len(chunk)] = logits
             return out if all_logits else logits
 
-    def _prefill_workspace(self) -> Workspace:
+    def _prefill_workspace(self) -> PrefillWorkspace:
         if self._prefill_ws is None:
-            self._prefill_ws = Workspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx, decode=False)
+            self._prefill_ws = PrefillWorkspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx)
         return self._prefill_ws
 
     def _decode(self, token: int, cache: KVCache) -> np.ndarray:
         """One token through the whole model in a single Numba call (a batch of one)."""
-        ws = self._decode_ws
-        ws.tokens[0], ws.pos[0], ws.slots[0] = token, cache.length, 0
-        self._decode_kernel(ws, 1, cache.k[None], cache.v[None])
+        buf = self._decode_ws.buffers(1)
+        buf.tokens[0], buf.positions[0], buf.slots[0] = token, cache.length, 0
+        K.decode_batch(buf, self._decode_weights, cache.k[None], cache.v[None], self.cos, self.sin, self.config.rms_norm_eps)
         cache.length += 1
-        return ws.logits[0]
+        return buf.logits[0]
 
     def decode_batch(self, tokens, caches: list[KVCache], slots, pool) -> np.ndarray:
         """One token for each of B sequences in one step, weights read once: logits (B, V).
@@ -178,29 +207,17 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = Workspace(self.config, B, self.ctx, decode=True, dtype=self.dtype)
-            ws = self._decode_ws
-            ws.tokens[:B] = tokens
-            ws.pos[:B] = [c.length for c in caches]
-            ws.slots[:B] = slots
-            self._decode_kernel(ws, B, pool.k, pool.v)
+                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.dtype)
+            buf = self._decode_ws.buffers(B)
+            buf.tokens[:] = tokens
+            buf.positions[:] = [c.length for c in caches]
+            buf.slots[:] = slots
+            K.decode_batch(buf, self._decode_weights, pool.k, pool.v, self.cos, self.sin, self.config.rms_norm_eps)
         for c in caches:
             c.length += 1
-        return ws.logits[:B]
+        return buf.logits
 
-    def _decode_kernel(self, ws: "Workspace", B: int, k_pool, v_pool) -> None:
-        buffers = (
-            ws.x[:B], ws.xn[:B], ws.qkv[:B], ws.att[:B], ws.proj[:B], ws.gate[:B], ws.up[:B],
-            ws.scores[: B * self.config.num_attention_heads],
-        )
-        operands = tuple(a[:B] for a in ws.operands)
-        scales = tuple(a[:B] for a in ws.scales)
-        K.decode_batch(
-            ws.logits[:B], ws.tokens[:B], ws.pos[:B], ws.slots[:B], buffers, operands, scales, ws.claims, *self._decode_weights,
-            k_pool, v_pool, self.cos, self.sin, self.config.rms_norm_eps,
-        )
-
-    def _prefill(self, tokens, cache: KVCache, ws: Workspace, all_logits: bool, want_logits: bool = True, capture=None):
+    def _prefill(self, tokens, cache: KVCache, ws: PrefillWorkspace, all_logits: bool, want_logits: bool = True, capture=None):
         """Many tokens, one kernel call per operation, on a workspace of `ws.rows` tokens."""
         cfg, w = self.config, self.weights
         T = len(tokens)
@@ -255,32 +272,41 @@ class Model:
             K.matmul(logits, xn, w.lm_head.w, w.lm_head.s)
             return logits
         K.rmsnorm(xn[T - 1 :], x[T - 1 :], w.norm, eps)
-        K.matvec(ws.logits[0], xn[T - 1], w.lm_head.w, w.lm_head.s)
-        return ws.logits[0]
+        K.matvec(ws.logits, xn[T - 1], w.lm_head.w, w.lm_head.s)
+        return ws.logits
 
 
-def _decode_weights(cfg: ModelConfig, w: Weights) -> tuple:
-    """The weights in the argument layout of kernels.decode_batch (built once at load)."""
-    L = w.layers
-    f = np.float32
+def decode_weights(w: Weights) -> "K.DecodeWeights":
+    """The weights as kernels.decode_batch reads them, by name (built once at load)."""
+    layers = w.layers
 
-    def per_layer(get):
+    def per_layer(get) -> List:
         lst = List()
-        for layer in L:
+        for layer in layers:
             lst.append(get(layer))
         return lst
 
-    layers = []
-    for name in ("q", "k", "v", "o", "gate", "up", "down"):
-        layers.append(per_layer(lambda layer: getattr(layer, name).w))
-        layers.append(per_layer(lambda layer: getattr(layer, name).s))
-
-    def stacked_bias(*names):
+    def stacked_bias(*names) -> np.ndarray:
         """(L, sum of widths); (L, 0) when these projections have no bias."""
-        if getattr(L[0], names[0]).b is None:
-            return np.zeros((len(L), 0), f)
-        return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in L]).astype(f)
+        if getattr(layers[0], names[0]).b is None:
+            return np.zeros((len(layers), 0), np.float32)
+        return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in layers]).astype(np.float32)
 
-    biases = (stacked_bias("q", "k", "v"), stacked_bias("o"), stacked_bias("gate", "up"), stacked_bias("down"))
-    norms = (np.stack([layer.input_norm for layer in L]), np.stack([layer.post_norm for layer in L]), w.norm)
-    return norms, (w.embed.w, w.embed.s), (w.lm_head.w, w.lm_head.s), tuple(layers), biases
+    matrices = {}
+    for name in ("q", "k", "v", "o", "gate", "up", "down"):
+        matrices[name] = per_layer(lambda layer: getattr(layer, name).w)
+        matrices[name + "_scales"] = per_layer(lambda layer: getattr(layer, name).s)
+    return K.DecodeWeights(
+        embed=w.embed.w,
+        embed_scales=w.embed.s,
+        lm_head=w.lm_head.w,
+        lm_head_scales=w.lm_head.s,
+        input_norm=np.stack([layer.input_norm for layer in layers]),
+        post_norm=np.stack([layer.post_norm for layer in layers]),
+        final_norm=w.norm,
+        qkv_bias=stacked_bias("q", "k", "v"),
+        o_bias=stacked_bias("o"),
+        gate_up_bias=stacked_bias("gate", "up"),
+        down_bias=stacked_bias("down"),
+        **matrices,
+    )
