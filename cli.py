@@ -1,9 +1,13 @@
 """minillm's command line: parses arguments and calls the library.
 
-    python cli.py generate [--model DIR] --prompt TEXT [--max-tokens N] [sampling flags]
-    python cli.py chat [--model DIR] [--prompt TEXT]
-    python cli.py logits [--model DIR] --tokens 1,2,3 --out FILE.npy
-    python cli.py import FILE.gguf DIR
+    python cli.py generate   [--model DIR] --prompt TEXT [--max-tokens N] [sampling flags]
+    python cli.py chat       [--model DIR] [--prompt TEXT] [--system TEXT]
+    python cli.py logits     [--model DIR] --tokens 1,2,3 --out FILE.npy
+    python cli.py compare    [--model DIR] [--prompt TEXT | --tokens 1,2,3] [--per-layer] [--json]
+    python cli.py perplexity [--model DIR] --file TEXT [--ctx N] [--stride S] [--hf] [--json]
+    python cli.py bench      [--model DIR] [--prompt-tokens P] [--gen-tokens G] [--json]
+    python cli.py serve      [--model DIR] [--port 8000] [--max-batch N] [--api-key KEY]
+    python cli.py import     FILE.gguf DIR
 
 Any error is one line on stderr and exit code 2.
 """
@@ -238,7 +242,7 @@ def cmd_compare(args) -> int:
 
     llm = _load(args)
     tokens = _tokens_arg(args.tokens) if args.tokens else llm.tokenizer.encode(args.prompt or COMPARE_PROMPT)
-    llm._check_ids(tokens)
+    llm.check_prompt(tokens)
     result = compare(llm.model, load_oracle(llm.model_dir), tokens, per_layer=args.per_layer, threshold=args.threshold)
     if args.json:
         print(json.dumps(result))

@@ -16,7 +16,7 @@ from .quant import chunked_len, weight_at
 from .weight_products import bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, tile_dot_4x4
 
 # Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
-# slower, when int8 rows were still widened into a float32 tile).
+# slower).
 ROWS_PER_TASK = 8
 
 

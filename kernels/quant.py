@@ -77,7 +77,7 @@ def _weight_at(w, s, n, k):
 
 @njit(fastmath=EXACT_MATH, cache=True)
 def row_get(w, s, n, out):
-    """out[:] = w[n, :] as float32 (an embedding row, or a float32 row copied into a matmul tile)."""
+    """out[:] = w[n, :] as float32 (an embedding row, or a row dequantized for a test)."""
     for k in range(w.shape[1]):
         out[k] = weight_at(w, s, n, k)
 

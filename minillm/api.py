@@ -20,9 +20,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .engine import Engine, check_prompt
 from .errors import GenerationError
-from .engine import Engine
-from .generate import TextStream
+from .detokenize import TextStream
 from .model import Model
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -93,14 +93,8 @@ class LLM:
         return "".join(self.chat_stream(messages, max_tokens, stop, truncate, **sampling))
 
     def _stream(self, ids: list[int], max_tokens: int, stop, truncate: bool, sampling: dict) -> TextStream:
-        self._check_ids(ids)
         ctx = self.model.ctx
-        if len(ids) > ctx:
-            if not truncate:
-                raise GenerationError(
-                    f"the prompt has {len(ids)} tokens but the context holds {ctx}; "
-                    "ask for truncation (truncate=True, --truncate) to keep only its most recent tokens"
-                )
+        if truncate and len(ids) > ctx:
             ids = ids[-max(ctx // 2, ctx - max_tokens) :]
         handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
         return TextStream(handle, self.tokenizer, stop)
@@ -110,18 +104,12 @@ class LLM:
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """float32 logits (T, V) for every position of `tokens`, from an empty cache."""
         ids = list(tokens)
-        self._check_ids(ids)
-        if len(ids) > self.model.ctx:
-            raise GenerationError(f"{len(ids)} tokens exceed the context size {self.model.ctx}")
+        self.check_prompt(ids)
         return self.model.forward(ids, self.model.new_cache(), all_logits=True)
 
-    def _check_ids(self, ids: list[int]) -> None:
-        V = self.model.config.vocab_size
-        if not ids:
-            raise GenerationError("the prompt is empty")
-        bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < V]
-        if bad:
-            raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {V})")
+    def check_prompt(self, ids: Sequence[int]) -> None:
+        """The engine's prompt check (minillm.engine.check_prompt) for this model."""
+        check_prompt(ids, self.model.config.vocab_size, self.model.ctx)
 
 
 def load(

@@ -1,4 +1,5 @@
-"""Loading an HF checkpoint directory into float32 weights with HF names and (out, in) layouts.
+"""Loading an HF checkpoint directory into weights at the compute precision (float32, bfloat16
+bits or int8 blocks), with HF names and (out, in) layouts.
 
 This is the one boundary for weight names: every expected tensor is checked for presence and
 shape here, before any kernel can see it (a Numba kernel does not check bounds).
@@ -114,6 +115,20 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_tensor_set(found: dict, expected: dict, cfg: ModelConfig, where, ignorable=lambda name: False, error=CheckpointError) -> None:
+    """The one tensor-set check: every tensor `expected` names (HF name -> shape, expected_shapes)
+    is in `found` with that shape, and `found` holds nothing else but `ignorable` tensors.
+    where(name): the file to name in the error; error: the exception type to raise."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise error(f"{where(name)}: missing tensor {name!r}")
+        if tuple(found[name]) != tuple(shape):
+            raise error(f"{where(name)}: tensor {name!r} has shape {list(found[name])}, config implies {list(shape)}")
+    for name in found:
+        if name not in expected and not ignorable(name):
+            raise error(f"{where(name)}: unexpected tensor {name!r} for {cfg.architecture}")
+
+
 def open_shards(model_dir: Path) -> dict[str, SafetensorsFile]:
     """{tensor name: the file holding it}, from model.safetensors or a sharded index."""
     single = model_dir / "model.safetensors"
@@ -180,23 +195,18 @@ def load_checkpoint(
         cfg = replace(cfg, tie_word_embeddings=True)
     shapes = expected_shapes(cfg)
 
-    for name, shape in shapes.items():
-        if name not in owner:
-            raise CheckpointError(f"{model_dir}: missing tensor {name!r}")
-        found = owner[name].tensors[name].shape
-        if found != shape:
-            raise CheckpointError(f"{owner[name].path}: tensor {name!r} has shape {list(found)}, config implies {list(shape)}")
-    for name in owner:
-        harmless = name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings)
-        if name not in shapes and not harmless:
-            raise CheckpointError(f"{owner[name].path}: unexpected tensor {name!r} for {cfg.architecture}")
+    check_tensor_set(
+        {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
+        where=lambda name: owner[name].path if name in owner else model_dir,
+        ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
+    )
 
     def vector(name: str) -> np.ndarray | None:
         if name not in shapes:
             return None
         arr = np.array(owner[name].float32(name), dtype=np.float32)  # small: a private copy
-        if check_finite and not np.isfinite(arr).all():
-            raise CheckpointError(f"{owner[name].path}: tensor {name!r} contains NaN or Inf")
+        if check_finite:
+            require_finite(arr, owner[name].path, name)
         return arr
 
     def linear(prefix: str) -> Linear:
@@ -250,8 +260,8 @@ def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) 
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
     for r0, r1 in _row_chunks(N, Kdim):
         rows = f.read_rows(name, r0, r1)
-        if check_finite and not np.isfinite(rows).all():
-            raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")
+        if check_finite:
+            require_finite(rows, f.path, name)
         if dtype == "int8" and not np.abs(rows).max(initial=0.0) <= K.INT8_MAX_WEIGHT:
             raise CheckpointError(
                 f"{f.path}: tensor {name!r} has weights beyond {K.INT8_MAX_WEIGHT:.3g} (or NaN), "
@@ -274,7 +284,12 @@ def _row_chunks(N: int, Kdim: int):
 
 
 def _check_finite(f: SafetensorsFile, name: str, arr: np.ndarray | None) -> None:
+    """A stored tensor checked in row chunks (arr: its float32 view, else read and widened)."""
     for r0, r1 in _row_chunks(*f.tensors[name].shape):
-        rows = arr[r0:r1] if arr is not None else f.read_rows(name, r0, r1)
-        if not np.isfinite(rows).all():
-            raise CheckpointError(f"{f.path}: tensor {name!r} contains NaN or Inf")
+        require_finite(arr[r0:r1] if arr is not None else f.read_rows(name, r0, r1), f.path, name)
+
+
+def require_finite(values: np.ndarray, path, name: str) -> None:
+    """The one NaN/Inf check of weights (--check-weights)."""
+    if not np.isfinite(values).all():
+        raise CheckpointError(f"{path}: tensor {name!r} contains NaN or Inf")

@@ -12,23 +12,45 @@ bit-identical per sequence, so a greedy or seeded request gives the same tokens 
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
 from .cache import KVPool
-from .errors import GenerationError, MiniLLMError
+from .errors import ContextLengthError, GenerationError, MiniLLMError
 from .model import Model
 from .sampling import SamplingParams, sample
 
 
 class QueueFullError(GenerationError):
     """The engine's queue is at its limit; try again later."""
+
+
+def check_prompt(ids: Sequence[int], vocab_size: int, ctx: int, max_tokens: int | None = None) -> None:
+    """The one check of a prompt's token ids: not empty, each in the vocabulary, and fitting the
+    context; with `max_tokens`, the prompt plus that many new tokens must fit too
+    (ContextLengthError names which to shorten)."""
+    if not len(ids):
+        raise GenerationError("the prompt is empty")
+    bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size]
+    if bad:
+        raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+    if len(ids) > ctx:
+        raise ContextLengthError(
+            f"the prompt has {len(ids)} tokens but the context holds {ctx}; "
+            "ask for truncation (truncate=True, --truncate) to keep only its most recent tokens"
+        )
+    if max_tokens is not None and len(ids) + max_tokens > ctx:
+        raise ContextLengthError(
+            f"this model's context is {ctx} tokens; the prompt has {len(ids)} and max_tokens asks for {max_tokens}",
+            param="max_tokens",
+        )
 
 
 @dataclass(frozen=True)
@@ -38,17 +60,23 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
-_END = object()
+_END = object()  # the engine's last item for a request
 
 
 class RequestHandle:
-    """The caller's side of a request: iterate for TokenEvents; `finish_reason` once done
-    ("stop": end-of-sequence token, "length": max_tokens, "context": the context is full,
-    "cancelled"). An error in the engine is raised from the iteration."""
+    """The caller's side of a request. Read its TokenEvents with `for event in handle` (any thread)
+    or, when submitted with an asyncio loop, `async for event in handle.events()`; an error in the
+    engine is raised from the iteration, and a reader that stops early cancels the request.
+    `finish_reason` once done: "stop" (end-of-sequence token), "length" (max_tokens), "context"
+    (the context is full) or "cancelled"."""
 
-    def __init__(self, sink: Callable | None = None):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._sink = sink or self._queue.put
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        if loop is None:
+            self._queue = queue.SimpleQueue()
+            self._put = self._queue.put
+        else:
+            self._queue = asyncio.Queue()
+            self._put = lambda item: loop.call_soon_threadsafe(self._queue.put_nowait, item)
         self._cancelled = threading.Event()
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
@@ -56,18 +84,25 @@ class RequestHandle:
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
 
-    def __iter__(self):
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def __iter__(self) -> Iterator[TokenEvent]:
+        finished = False
+        try:
+            while (event := _unwrap(self._queue.get())) is not None:
+                yield event
+            finished = True
+        finally:
+            if not finished:
+                self.cancel()
 
-    def ids(self):
-        for event in self:
-            yield event.token
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        finished = False
+        try:
+            while (event := _unwrap(await self._queue.get())) is not None:
+                yield event
+            finished = True
+        finally:
+            if not finished:
+                self.cancel()  # the client went away, a stop string ended it early, or an error
 
     def cancel(self) -> None:
         """Stop generating; the engine frees the sequence's slot before its next step."""
@@ -79,11 +114,20 @@ class RequestHandle:
 
     # engine side
     def _emit(self, item) -> None:
-        self._sink(item)
+        self._put(item)
 
     def _finish(self, reason: str) -> None:
         self.finish_reason = reason
-        self._sink(_END)
+        self._put(_END)
+
+
+def _unwrap(item) -> TokenEvent | None:
+    """A queued item as the reader sees it: an event, None at the end, or the engine's error raised."""
+    if item is _END:
+        return None
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 @dataclass
@@ -141,20 +185,25 @@ class Engine:
         self,
         prompt: Sequence[int],
         params: SamplingParams,
-        max_tokens: int,
+        max_tokens: int | None = None,
         stop_ids: Sequence[int] = (),
         logprobs: int | None = None,
-        sink: Callable | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        fit_max_tokens: bool = False,
     ) -> RequestHandle:
-        """Queue a request; returns its handle at once. Raises if it can never fit or the queue is full."""
+        """Queue a request; returns its handle at once (deliver its events to `loop` for an
+        asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
+        prompt plus max_tokens must fit the context, as OpenAI's API asks; otherwise generation
+        that fills the context stops with "context". max_tokens None: until the context is full.
+        Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
-        if not prompt:
-            raise GenerationError("the prompt is empty")
+        ctx = self.model.ctx
+        check_prompt(prompt, self.model.config.vocab_size, ctx, max_tokens if fit_max_tokens else None)
+        if max_tokens is None:
+            max_tokens = max(1, ctx - len(prompt))
         if max_tokens < 1:
             raise GenerationError(f"max_tokens must be >= 1, got {max_tokens}")
-        if len(prompt) > self.model.ctx:  # generation past the context end stops with "context"
-            raise GenerationError(f"the prompt has {len(prompt)} tokens, more than the context size {self.model.ctx}")
-        handle = RequestHandle(sink)
+        handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
         request = _Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle)
         with self._cond:

@@ -28,5 +28,14 @@ class GenerationError(MiniLLMError):
     """A request cannot be served: bad sampling settings, prompt too long, NaN logits."""
 
 
+class ContextLengthError(GenerationError):
+    """The prompt (or the prompt plus the tokens asked for) does not fit the context.
+    `param` names what to shorten: "prompt" or "max_tokens"."""
+
+    def __init__(self, message: str, param: str = "prompt"):
+        super().__init__(message)
+        self.param = param
+
+
 class UsageError(MiniLLMError):
     """A malformed command-line value, e.g. `--tokens 1,x,3`."""

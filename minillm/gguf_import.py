@@ -147,7 +147,7 @@ def hf_name(name: str, path: Path) -> str:
 
 def check_tensors(layout, config: dict, path: Path) -> None:
     """Every tensor the config implies is present with that shape, and nothing else is."""
-    from .checkpoint import expected_shapes
+    from .checkpoint import check_tensor_set, expected_shapes
     from .config import ModelConfig
     from .errors import ConfigError
 
@@ -156,15 +156,7 @@ def check_tensors(layout, config: dict, path: Path) -> None:
         cfg = ModelConfig.from_dict(dict(config, tie_word_embeddings="lm_head.weight" not in names), source=str(path))
     except ConfigError as e:
         raise GGUFError(str(e)) from None
-    expected = expected_shapes(cfg)
-    for name, shape in expected.items():
-        if name not in names:
-            raise GGUFError(f"{path}: missing tensor for {name!r}")
-        if names[name] != shape:
-            raise GGUFError(f"{path}: tensor for {name!r} has shape {list(names[name])}, metadata implies {list(shape)}")
-    for name in names:
-        if name not in expected:
-            raise GGUFError(f"{path}: unexpected tensor {name!r}")
+    check_tensor_set(names, expected_shapes(cfg), cfg, where=lambda name: path, error=GGUFError)
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -134,33 +134,3 @@ def _token_text(value) -> str | None:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-class StreamDecoder:
-    """Turns a stream of token ids into text pieces, holding back incomplete UTF-8 sequences.
-
-    Decodes a short window of recent tokens and emits only what has become final, so a
-    character split over several byte-level tokens comes out whole, once.
-    """
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # window start
-        self.read = 0  # tokens before this are already emitted
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix :])
-        if text.endswith("\ufffd") or len(text) <= len(before):
-            return ""  # an unfinished multi-byte character, or a token that decodes to nothing yet
-        self.prefix, self.read = self.read, len(self.ids)
-        return text[len(before) :]
-
-    def flush(self) -> str:
-        """Whatever is still held back at the end (e.g. a truly invalid byte sequence)."""
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return text[len(before) :]

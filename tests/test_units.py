@@ -164,7 +164,7 @@ class FakeTokenizer:
 
 
 def test_stream_decoder_keeps_multibyte_characters_whole():
-    from minillm.tokenizer import StreamDecoder
+    from minillm.detokenize import StreamDecoder
 
     text = "a€b😀c日本"
     decoder = StreamDecoder(FakeTokenizer())
@@ -175,7 +175,7 @@ def test_stream_decoder_keeps_multibyte_characters_whole():
 
 
 def test_text_stream_stop_strings():
-    from minillm.generate import TextStream
+    from minillm.detokenize import TextStream
 
     class Tokens:
         finish_reason = "length"
@@ -184,8 +184,10 @@ def test_text_stream_stop_strings():
         def __init__(self, text):
             self.tokens = list(text.encode())
 
-        def ids(self):
-            return iter(self.tokens)
+        def __iter__(self):
+            from minillm.engine import TokenEvent
+
+            return (TokenEvent(t) for t in self.tokens)
 
         def cancel(self):
             self.cancelled = True

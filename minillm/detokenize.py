@@ -1,15 +1,46 @@
 """From generated token ids to text: streaming detokenization and stop strings.
 
-Tokens come from the engine (minillm.engine); `TextStream` turns a request's tokens into text
-pieces for the Python API and the CLI, and `TextAssembler` is the same logic, one token at a time,
-for the server.
+Tokens come from the engine (minillm.engine). `StreamDecoder` turns them into text as it becomes
+final (characters split over byte-level tokens come out whole), `TextAssembler` adds stop strings,
+one token at a time (the server), and `TextStream` iterates a request's text pieces (the Python
+API and the CLI).
 """
 
 from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .tokenizer import StreamDecoder, Tokenizer
+from .tokenizer import Tokenizer
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text pieces, holding back incomplete UTF-8 sequences.
+
+    Decodes a short window of recent tokens and emits only what has become final, so a
+    character split over several byte-level tokens comes out whole, once.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens before this are already emitted
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        if text.endswith("\ufffd") or len(text) <= len(before):
+            return ""  # an unfinished multi-byte character, or a token that decodes to nothing yet
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end (e.g. a truly invalid byte sequence)."""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(before) :]
 
 
 class TextAssembler:
@@ -65,15 +96,15 @@ class TextStream:
     filled up). Abandoning the iteration cancels the request."""
 
     def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = ()):
-        self.handle = handle  # has ids(), finish_reason and cancel() (minillm.engine.RequestHandle)
+        self.handle = handle  # minillm.engine.RequestHandle
         self.assembler = TextAssembler(tokenizer, stop)
         self.finish_reason: str | None = None
 
     def __iter__(self) -> Iterator[str]:
         done = False
         try:
-            for token in self.handle.ids():
-                piece = self.assembler.push(token)
+            for event in self.handle:
+                piece = self.assembler.push(event.token)
                 if piece:
                     yield piece
                 if self.assembler.stopped:

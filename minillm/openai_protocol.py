@@ -1,0 +1,184 @@
+"""The OpenAI wire format: request schemas (pydantic) and pure builders of response objects.
+
+Nothing here touches the engine or the network: the server (minillm.server) validates a request
+with these schemas, runs it, and shapes what comes back with these builders, so completions and
+chat build their chunks, logprobs, usage and server-sent events the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Literal, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .engine import TokenEvent
+from .sampling import SamplingParams
+
+MAX_STOP_STRINGS = 16
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class APIError(Exception):
+    """An error response: HTTP status and OpenAI's {"error": {...}} body."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ------------------------------------------------------------------ request schemas
+
+
+class StrictModel(BaseModel):
+    # NaN and Infinity are rejected; unknown OpenAI fields are accepted and ignored.
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+
+
+class SamplingRequest(StrictModel):
+    """The fields completions and chat share."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)  # 0 or -1: off (vLLM's extension)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    stream: bool = False
+    stream_options: dict | None = None
+    user: str | None = None
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=max(self.top_k, 0),
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+        )
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Union[str, list[int]] = Field(...)
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """Alternatives per token the engine reports; None: no logprobs at all."""
+        return self.logprobs
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(StrictModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[Message] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def chat_messages(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """Alternatives per token the engine reports; None: no logprobs at all."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+# ------------------------------------------------------------------ response builders
+
+TokenText = Callable[[int], str]  # a token id as the text it stands for
+
+
+def completion_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict:
+    return {
+        "tokens": [token_text(e.token) for e in events],
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [{token_text(t): lp for t, lp in e.top_logprobs} for e in events],
+        "text_offset": [],
+    }
+
+
+def chat_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict:
+    def entry(token: int, logprob: float) -> dict:
+        text = token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [dict(entry(e.token, e.logprob), top_logprobs=[entry(t, lp) for t, lp in e.top_logprobs]) for e in events]}
+
+
+def completion_object(rid: str, created: int, model: str, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
+    """A completion, or one chunk of a streamed one (the same shape)."""
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}]}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
+
+
+def chat_completion(rid: str, created: int, model: str, text: str, finish_reason: str, logprobs: dict | None) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason, "logprobs": logprobs}]}
+
+
+def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict) -> dict:
+    """The last chunk of a stream with `stream_options.include_usage`: no choices, only usage."""
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": usage_block}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(obj: dict) -> str:
+    """One server-sent event carrying a JSON object."""
+    return f"data: {json.dumps(obj, allow_nan=False)}\n\n"
