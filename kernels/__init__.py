@@ -16,10 +16,10 @@ from .matmul import add_bias, matmul, matvec
 from .quant import INT8_MAX_WEIGHT, dequantize, gather_rows, quantize_int8, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
-from .swiglu import swiglu
+from .swiglu import gated, softcap_row, swiglu
 
 __all__ = [
     "QUERIES_PER_TASK", "attend", "attention", "kv_write", "DecodeBuffers", "DecodeWeights", "decode_batch", "add_bias", "matmul", "matvec",
     "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
-    "rope", "rope_row", "rope_tables", "swiglu",
+    "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu",
 ]

@@ -1,9 +1,9 @@
 """Causal grouped-query attention over a KV cache (one layer's slice)."""
 
 import numpy as np
-from numba import get_thread_id, prange
+from numba import get_thread_id, njit, prange
 
-from .expf import divide, exp_f32
+from .expf import divide, exp_f32, tanh_f32
 from .float_sums import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows
 from .jit import EXACT_MATH, kernel
 
@@ -20,11 +20,12 @@ def kv_write(k_cache, v_cache, k, v, pos0):
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH)
-def attend(out, q, keys, values, n_keys, s):
-    """One query head: out (hd,) = softmax(keys[:n] q * hd**-0.5) values[:n].
+def attend(out, q, keys, values, n_keys, s, scale, softcap):
+    """One query head: out (hd,) = softmax(cap(keys[:n] q * scale)) values[:n], cap(z) =
+    softcap * tanh(z / softcap) when softcap > 0 (Gemma 2), z otherwise.
 
-    keys, values: (ctx, hd) of the query's KV head; s: (>= n_keys,) scratch.
-    Scores come 16 keys at a time (one shared reduction).
+    keys, values: (>= n_keys, hd) of the query's KV head, from the first key it sees; s: (>= n_keys,)
+    scratch. Scores come 16 keys at a time (one shared reduction).
     """
     hd = q.shape[0]
     j = 0
@@ -33,24 +34,27 @@ def attend(out, q, keys, values, n_keys, s):
         j += LANES
     for j in range(j, n_keys):
         s[j] = dot_chunks(q, 0, keys, j * hd, hd)
-    _softmax_values(out, s, q, keys, values, n_keys)
+    _softmax_values(out, s, q, keys, values, n_keys, scale, softcap)
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH)
-def _softmax_values(out, s, q, keys, values, n_keys):
+def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     """The rest of attend once s[:n_keys] holds the scores' full-chunk sums: their hd % 16 tails,
-    the scale, softmax in float32 (exp(s - max) / sum, as torch does) and the weighted values.
-    The exp is plain arithmetic (kernels.expf), so those loops vectorise.
+    the scale (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does) and the
+    weighted values. The exp is plain arithmetic (kernels.expf), so those loops vectorise.
     """
     hd = q.shape[0]
-    scale = np.float32(hd**-0.5)
     full = hd - hd % LANES
     if full < hd:
         for j in range(n_keys):
             for d in range(full, hd):
                 s[j] += q[d] * keys[j, d]
+    scale32, cap32 = np.float32(scale), np.float32(softcap)  # float32 products, as torch's
     for j in range(n_keys):
-        s[j] = s[j] * scale
+        s[j] = s[j] * scale32
+    if cap32 > 0:
+        for j in range(n_keys):
+            s[j] = tanh_f32(divide(s[j], cap32)) * cap32
     m = max_chunks(s, n_keys)  # in vectors: a running max is a serial chain
     for j in range(n_keys - n_keys % LANES, n_keys):
         m = max(m, s[j])
@@ -75,10 +79,11 @@ QUERIES_PER_TASK = 4
 
 
 @kernel(fastmath=EXACT_MATH)
-def attention(out, q, k_cache, v_cache, pos0, scores):
+def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
     """out (T, nh * hd) = causal softmax attention of q (T, nh * hd) over the cache.
 
-    Query t sits at position pos0 + t and sees cache positions 0..pos0 + t. Query head h reads
+    Query t sits at position p = pos0 + t and sees cache positions 0..p, or with a sliding
+    window (window > 0) the last `window` of them, p - window + 1..p. Query head h reads
     KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
     rows per thread.
 
@@ -101,7 +106,7 @@ def attention(out, q, k_cache, v_cache, pos0, scores):
         keys = k_cache[h // n_rep]
         values = v_cache[h // n_rep]
         row0 = get_thread_id() * QT
-        j = 0
+        j = first_key(pos0 + t0, window) // 4 * 4  # scores before a query's first key go unused
         if nq == QT:
             while j + 4 <= pos0 + t0 + QT:
                 dot_4x4_into(scores, row0 * ctx + j, ctx, q, t0 * q.shape[1] + lo, q.shape[1], keys, j * hd, hd, hd)
@@ -111,4 +116,15 @@ def attention(out, q, k_cache, v_cache, pos0, scores):
                 scores[row0 + i, jj] = dot_chunks(q, (t0 + i) * q.shape[1] + lo, keys, jj * hd, hd)
         for i in range(nq):
             t = t0 + i
-            _softmax_values(out[t, lo : lo + hd], scores[row0 + i], q[t, lo : lo + hd], keys, values, pos0 + t + 1)
+            j0 = first_key(pos0 + t, window)
+            _softmax_values(out[t, lo : lo + hd], scores[row0 + i, j0:], q[t, lo : lo + hd], keys[j0:], values[j0:],
+                            pos0 + t + 1 - j0, scale, softcap)
+
+
+@njit(cache=True, inline="always")
+def first_key(position, window):
+    """The first cache position a query at `position` attends to: 0, or with a sliding window
+    the oldest of its last `window` positions (transformers: key > query - window)."""
+    if window > 0:
+        return max(0, position - window + 1)
+    return 0

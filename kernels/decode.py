@@ -23,13 +23,13 @@ from numba.extending import overload
 from numba.typed import List
 
 from .activation_prep import activation, chunk_operand, prepare_operand
-from .attention import attend
+from .attention import attend, first_key
 from .jit import EXACT_MATH, kernel
 from .quant import chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
 from .schedule import claim, start_claims
-from .swiglu import silu_mul
+from .swiglu import gated_act, softcap_row
 from .weight_products import rows_dot4, weight_dot_chunks
 
 ROWS_PER_TASK = 16
@@ -107,45 +107,74 @@ def _linear_share(out, w, s, xs, xos, xss, claims, t, threads):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _silu_mul_rows(gate, up, bias, l):
-    """gate = silu(gate + bias) * (up + bias), bias being layer l's (gate | up) row when the model has
-    biases. The SiLU loop vectorises (kernels.expf.divide): as a scalar loop it took ~4% of an
-    int8 step."""
+def _gated_rows(gate, up, bias, l, gelu):
+    """gate = act(gate + bias) * (up + bias), bias being layer l's (gate | up) row when the model
+    has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (kernels.expf.divide): as a
+    scalar loop SiLU took ~4% of an int8 step."""
     I = gate.shape[0]
     if bias.shape[1] > 0:
         for n in range(I):
             gate[n] += bias[l, n]
             up[n] += bias[l, I + n]
     for n in range(I):
-        gate[n] = silu_mul(gate[n], up[n])
+        gate[n] = gated_act(gate[n], up[n], gelu)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _add_residual(x, proj, bias, l):
-    """x += proj (+ layer l's bias row, when the model has biases: bias is (L, 0) otherwise)."""
+def _norm_rows(out, x, norm, l, eps):
+    """out[b] = rmsnorm(x[b]) with layer l's weights, or a copy of x[b] where the layer has no
+    norm at that place (norm is (L, 0))."""
     for b in range(x.shape[0]):
+        if norm.shape[1] > 0:
+            rmsnorm_row(out[b], x[b], norm[l], eps)
+        else:
+            out[b, :] = x[b]
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _add_residual(x, proj, bias, norm, l, eps):
+    """x += norm(proj + bias): layer l's bias row and output norm, each where the model has one
+    ((L, 0) otherwise)."""
+    for b in range(x.shape[0]):
+        if bias.shape[1] > 0:
+            for n in range(x.shape[1]):
+                proj[b, n] += bias[l, n]
+        if norm.shape[1] > 0:
+            rmsnorm_row(proj[b], proj[b], norm[l], eps)
         for n in range(x.shape[1]):
-            y = proj[b, n]
-            if bias.shape[1] > 0:
-                y += bias[l, n]
-            x[b, n] += y
+            x[b, n] += proj[b, n]
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _norm_groups(x, norm, l, eps):
+    """RMSNorm of x in place, group by group of norm's width (a head, or the whole projection:
+    the q/k norm of Qwen3, Gemma 3 and OLMo 2); nothing when norm is (L, 0)."""
+    n = norm.shape[1]
+    if n > 0:
+        for g in range(x.shape[0] // n):
+            rmsnorm_row(x[g * n : (g + 1) * n], x[g * n : (g + 1) * n], norm[l], eps)
 
 
 class DecodeWeights(NamedTuple):
-    """The model's weights as decode_batch reads them, built once at load (minillm.model).
+    """The model's weights and architecture as decode_batch reads them, built once at load
+    (minillm.model.decode_weights).
 
     Matrices come at any precision of kernels.quant, each with its int8 block scales (a (1, 1)
     array otherwise). Per-layer matrices are numba.typed.List of one array per layer, so
     memory-mapped checkpoint tensors are used in place; norms and biases are stacked (L, N),
-    biases with N = 0 when the model has none.
+    with N = 0 where the model has none (a norm placement or a bias it lacks).
     """
 
     embed: np.ndarray  # (V, H)
     embed_scales: np.ndarray
     lm_head: np.ndarray  # (V, H); the embedding itself when tied
     lm_head_scales: np.ndarray
-    input_norm: np.ndarray  # (L, H)
-    post_norm: np.ndarray  # (L, H)
+    attn_norm: np.ndarray  # (L, H) before attention, or (L, 0)
+    attn_out_norm: np.ndarray  # (L, H) on attention's output, or (L, 0)
+    mlp_norm: np.ndarray  # (L, H) before the MLP, or (L, 0)
+    mlp_out_norm: np.ndarray  # (L, H) on the MLP's output, or (L, 0)
+    q_norm: np.ndarray  # (L, hd) per head, (L, q_dim) over the projection, or (L, 0)
+    k_norm: np.ndarray  # (L, hd), (L, kv_dim) or (L, 0)
     final_norm: np.ndarray  # (H,)
     q: List  # (q_dim, H) per layer
     q_scales: List
@@ -165,6 +194,13 @@ class DecodeWeights(NamedTuple):
     o_bias: np.ndarray  # (L, H) or (L, 0)
     gate_up_bias: np.ndarray  # (L, 2 I) or (L, 0)
     down_bias: np.ndarray  # (L, H) or (L, 0)
+    rope_table: np.ndarray  # (L,) int64: layer l's RoPE table in cos/sin, or -1 (no RoPE)
+    window: np.ndarray  # (L,) int64: layer l's sliding window, or 0 (every earlier key)
+    embed_scale: float  # the embedding is multiplied by it (Gemma: sqrt(H); else 1)
+    attn_scale: float  # attention scores are multiplied by it
+    attn_softcap: float  # scores -> cap * tanh(scores / cap) when > 0
+    final_softcap: float  # logits -> cap * tanh(logits / cap) when > 0
+    gelu: bool  # the MLP's gate is GELU-tanh, not SiLU
 
 
 class DecodeBuffers(NamedTuple):
@@ -199,11 +235,11 @@ class DecodeBuffers(NamedTuple):
 def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
     """One token for each of B sequences (buf: DecodeBuffers, w: DecodeWeights) through every
     layer and the LM head into buf.logits. k_pool, v_pool: (slots, L, nkv, ctx, hd); cos, sin:
-    RoPE tables (ctx, hd / 2)."""
+    RoPE tables (tables, ctx, hd / 2)."""
     x, xn, qkv, att, proj, gate, up, scores = buf.x, buf.xn, buf.qkv, buf.att, buf.proj, buf.gate, buf.up, buf.scores
     positions, slots, claims = buf.positions, buf.slots, buf.claims
     B = buf.tokens.shape[0]
-    L = w.input_norm.shape[0]
+    L = w.rope_table.shape[0]
     H = x.shape[1]
     nkv, hd = k_pool.shape[2], k_pool.shape[4]
     q_dim = att.shape[1]
@@ -214,19 +250,22 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
     R = ROWS_PER_TASK
     threads = claims.shape[1]
     tq, tkv, th, ti = (q_dim + R - 1) // R, (kv_dim + R - 1) // R, (H + R - 1) // R, (I + R - 1) // R
+    embed_scale = np.float32(w.embed_scale)
 
     for b in range(B):
         row_get(w.embed, w.embed_scales, buf.tokens[b], x[b])
+        for n in range(H):
+            x[b, n] *= embed_scale
     for l in range(L):
         # This layer's arrays, taken out of the lists once: indexing a typed list inside a
         # parallel loop would touch a shared reference count on every row.
         wq_l, sq_l, wk_l, sk_l, wv_l, sv_l = w.q[l], w.q_scales[l], w.k[l], w.k_scales[l], w.v[l], w.v_scales[l]
         wo_l, so_l, wg_l, sg_l = w.o[l], w.o_scales[l], w.gate[l], w.gate_scales[l]
         wu_l, su_l, wd_l, sd_l = w.up[l], w.up_scales[l], w.down[l], w.down_scales[l]
+        table, window = w.rope_table[l], w.window[l]
 
-        # h = x + attn(rmsnorm(x))
-        for b in range(B):
-            rmsnorm_row(xn[b], x[b], w.input_norm[l], eps)
+        # h = x + out_norm(attn(norm(x))), each norm where the architecture has it
+        _norm_rows(xn, x, w.attn_norm, l, eps)
         _prepare_rows(wq_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, tq + 2 * tkv, threads)
         for t in prange(threads):
@@ -247,8 +286,11 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
             q = qkv[b, :q_dim]
             k = qkv[b, q_dim : q_dim + kv_dim]
             v = qkv[b, q_dim + kv_dim :]
-            rope_row(q, cos, sin, pos, hd)
-            rope_row(k, cos, sin, pos, hd)
+            _norm_groups(q, w.q_norm, l, eps)
+            _norm_groups(k, w.k_norm, l, eps)
+            if table >= 0:
+                rope_row(q, cos[table], sin[table], pos, hd)
+                rope_row(k, cos[table], sin[table], pos, hd)
             for h in range(nkv):
                 for d in range(hd):
                     k_pool[slots[b], l, h, pos, d] = k[h * hd + d]
@@ -258,16 +300,17 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
             h = bh % nh
             lo = h * hd
             kv = h // n_rep
-            attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv], v_pool[slots[b], l, kv], positions[b] + 1, scores[bh])
+            j0 = first_key(positions[b], window)
+            attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv, j0:], v_pool[slots[b], l, kv, j0:],
+                   positions[b] + 1 - j0, scores[bh], w.attn_scale, w.attn_softcap)
         _prepare_rows(wo_l, buf.att_op, buf.att_scales, att)
         start_claims(claims, th, threads)
         for t in prange(threads):
             _linear_share(proj, wo_l, so_l, att, buf.att_op, buf.att_scales, claims, t, threads)
-        _add_residual(x, proj, w.o_bias, l)
+        _add_residual(x, proj, w.o_bias, w.attn_out_norm, l, eps)
 
-        # x = h + mlp(rmsnorm(h))
-        for b in range(B):
-            rmsnorm_row(xn[b], x[b], w.post_norm[l], eps)
+        # x = h + out_norm(mlp(norm(h)))
+        _norm_rows(xn, x, w.mlp_norm, l, eps)
         _prepare_rows(wg_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, 2 * ti, threads)
         for t in prange(threads):
@@ -279,12 +322,12 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
                     _linear_rows(up, 0, wu_l, su_l, task - ti, xn, buf.xn_op, buf.xn_scales)
                 task = claim(claims, t, threads)
         for b in range(B):
-            _silu_mul_rows(gate[b], up[b], w.gate_up_bias, l)
+            _gated_rows(gate[b], up[b], w.gate_up_bias, l, w.gelu)
         _prepare_rows(wd_l, buf.gate_op, buf.gate_scales, gate)
         start_claims(claims, th, threads)
         for t in prange(threads):
             _linear_share(proj, wd_l, sd_l, gate, buf.gate_op, buf.gate_scales, claims, t, threads)
-        _add_residual(x, proj, w.down_bias, l)
+        _add_residual(x, proj, w.down_bias, w.mlp_out_norm, l, eps)
 
     for b in range(B):
         rmsnorm_row(xn[b], x[b], w.final_norm, eps)
@@ -292,3 +335,6 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
     start_claims(claims, (buf.logits.shape[1] + R - 1) // R, threads)
     for t in prange(threads):
         _linear_share(buf.logits, w.lm_head, w.lm_head_scales, xn, buf.xn_op, buf.xn_scales, claims, t, threads)
+    if w.final_softcap > 0:
+        for b in range(B):
+            softcap_row(buf.logits[b], w.final_softcap)

@@ -1,7 +1,7 @@
 import numpy as np
 from numba import njit, prange
 
-from .expf import divide, exp_f32
+from .expf import divide, exp_f32, tanh_f32
 from .jit import EXACT_MATH, kernel
 
 
@@ -11,6 +11,35 @@ def silu_mul(g, u):
     return divide(g, np.float32(1.0) + exp_f32(-g)) * u
 
 
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+GELU_CUBIC = np.float32(0.044715)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def gelu_tanh_mul(g, u):
+    """gelu(g) * u with GELU's tanh form, in torch's order (gelu(approximate="tanh")):
+    0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))."""
+    inner = SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g))
+    return np.float32(0.5) * g * (np.float32(1.0) + tanh_f32(inner)) * u
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def gated_act(g, u, gelu):
+    """The MLP's gate: silu(g) * u, or with `gelu` GELU-tanh(g) * u (Gemma)."""
+    if gelu:
+        return gelu_tanh_mul(g, u)
+    return silu_mul(g, u)
+
+
+@kernel(fastmath=EXACT_MATH)
+def gated(out, gate, up, gelu):
+    """out = act(gate) * up, act SiLU or (gelu) GELU-tanh.  All (T, I); out may alias gate."""
+    T, I = gate.shape
+    for t in prange(T):
+        for i in range(I):
+            out[t, i] = gated_act(gate[t, i], up[t, i], gelu)
+
+
 @kernel(fastmath=EXACT_MATH)
 def swiglu(out, gate, up):
     """out = silu(gate) * up.  All (T, I); out may alias gate."""
@@ -18,3 +47,10 @@ def swiglu(out, gate, up):
     for t in prange(T):
         for i in range(I):
             out[t, i] = silu_mul(gate[t, i], up[t, i])
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def softcap_row(x, cap):
+    """x = cap * tanh(x / cap) in place (Gemma's final logit soft-capping).  x: (N,)."""
+    for i in range(x.shape[0]):
+        x[i] = tanh_f32(divide(x[i], np.float32(cap))) * np.float32(cap)

@@ -46,15 +46,31 @@ class Linear:
 
 @dataclass
 class LayerWeights:
-    input_norm: np.ndarray  # (H,)
+    """One layer's weights. A norm is None where the architecture has none at that place
+    (NORM_NAMES); norms that scale by (1 + w) are stored as 1 + w."""
+
+    attn_norm: np.ndarray | None  # (H,) before attention
     q: Linear  # (q_dim, H)
     k: Linear  # (kv_dim, H)
     v: Linear  # (kv_dim, H)
     o: Linear  # (H, q_dim)
-    post_norm: np.ndarray  # (H,)
+    attn_out_norm: np.ndarray | None  # (H,) on attention's output, before the residual add
+    mlp_norm: np.ndarray | None  # (H,) before the MLP
     gate: Linear  # (I, H)
     up: Linear  # (I, H)
     down: Linear  # (H, I)
+    mlp_out_norm: np.ndarray | None  # (H,) on the MLP's output
+    q_norm: np.ndarray | None = None  # (head_dim,) or (q_dim,): cfg.qk_norm
+    k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,)
+
+
+# The HF tensor name of each norm of a layer, by norm placement (None: no such norm).
+NORM_NAMES = {
+    "pre": dict(attn_norm="input_layernorm", attn_out_norm=None, mlp_norm="post_attention_layernorm", mlp_out_norm=None),
+    "post": dict(attn_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None, mlp_out_norm="post_feedforward_layernorm"),
+    "sandwich": dict(attn_norm="input_layernorm", attn_out_norm="post_attention_layernorm",
+                     mlp_norm="pre_feedforward_layernorm", mlp_out_norm="post_feedforward_layernorm"),
+}
 
 
 @dataclass
@@ -82,8 +98,7 @@ class Weights:
                 yield lin.s
         yield self.norm
         for L in self.layers:
-            yield L.input_norm
-            yield L.post_norm
+            yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm) if n is not None)
             for lin in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down):
                 yield lin.w
                 if lin.w.dtype == np.int8:
@@ -94,20 +109,28 @@ class Weights:
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the config implies, by HF name."""
-    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, I, V, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, H)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (H,)
-        shapes[p + "post_attention_layernorm.weight"] = (H,)
-        attn = {"q": (cfg.q_dim, H), "k": (cfg.kv_dim, H), "v": (cfg.kv_dim, H), "o": (H, cfg.q_dim)}
+        for name in NORM_NAMES[cfg.norm_placement].values():
+            if name is not None:
+                shapes[p + name + ".weight"] = (H,)
+        if cfg.qk_norm is not None:
+            shapes[p + "self_attn.q_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.q_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.kv_dim,)
+        if cfg.fused_projections:
+            attn = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, H), "o": (H, cfg.q_dim)}
+            mlp = {"gate_up": (2 * I, H), "down": (H, I)}
+        else:
+            attn = {"q": (cfg.q_dim, H), "k": (cfg.kv_dim, H), "v": (cfg.kv_dim, H), "o": (H, cfg.q_dim)}
+            mlp = {"gate": (I, H), "up": (I, H), "down": (H, I)}
         for name, shape in attn.items():
             shapes[p + f"self_attn.{name}_proj.weight"] = shape
             if cfg.attention_bias or (cfg.qkv_bias and name != "o"):
                 shapes[p + f"self_attn.{name}_proj.bias"] = shape[:1]
-        mlp = {"gate": (I, H), "up": (I, H), "down": (H, I)}
         for name, shape in mlp.items():
             shapes[p + f"mlp.{name}_proj.weight"] = shape
             if cfg.mlp_bias:
@@ -209,6 +232,12 @@ def load_checkpoint(
             require_finite(arr, owner[name].path, name)
         return arr
 
+    def norm(name: str | None) -> np.ndarray | None:
+        w = vector(name + ".weight") if name is not None else None
+        if w is not None and cfg.norm_offset:
+            w = np.float32(1.0) + w  # x * (1 + w): the sum in float32, as transformers forms it
+        return w
+
     def linear(prefix: str) -> Linear:
         name = prefix + ".weight"
         return Linear(*pack(owner[name], name, dtype, check_finite), b=vector(prefix + ".bias"))
@@ -216,22 +245,33 @@ def load_checkpoint(
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
+        if cfg.fused_projections:  # Phi-3: row blocks of the fused matrices, views
+            q, k, v = split_rows(linear(p + "self_attn.qkv_proj"), cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
+            gate, up = split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)
+        else:
+            q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
+            gate, up = linear(p + "mlp.gate_proj"), linear(p + "mlp.up_proj")
+        norms = {place: norm(p + name if name else None) for place, name in NORM_NAMES[cfg.norm_placement].items()}
         layers.append(
             LayerWeights(
-                input_norm=vector(p + "input_layernorm.weight"),
-                q=linear(p + "self_attn.q_proj"),
-                k=linear(p + "self_attn.k_proj"),
-                v=linear(p + "self_attn.v_proj"),
-                o=linear(p + "self_attn.o_proj"),
-                post_norm=vector(p + "post_attention_layernorm.weight"),
-                gate=linear(p + "mlp.gate_proj"),
-                up=linear(p + "mlp.up_proj"),
-                down=linear(p + "mlp.down_proj"),
+                q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"), gate=gate, up=up, down=linear(p + "mlp.down_proj"),
+                q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms,
             )
         )
     embed = linear("model.embed_tokens")
     lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
-    return cfg, Weights(dtype, embed, layers, vector("model.norm.weight"), lm_head)
+    return cfg, Weights(dtype, embed, layers, norm("model.norm"), lm_head)
+
+
+def split_rows(lin: Linear, *sizes: int) -> list[Linear]:
+    """A fused Linear cut into consecutive row blocks (views: rows of a C-contiguous matrix)."""
+    parts, start = [], 0
+    for n in sizes:
+        rows = slice(start, start + n)
+        scales = lin.s[rows] if lin.w.dtype == np.int8 else lin.s
+        parts.append(Linear(lin.w[rows], scales, None if lin.b is None else lin.b[rows]))
+        start += n
+    return parts
 
 
 def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,19 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
+    "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# What sets each architecture apart, as transformers builds it (its modeling_*.py):
+#   norm placement: "pre" h = x + attn(norm(x)); "post" (OLMo 2) h = x + norm(attn(x));
+#   "sandwich" (Gemma 3) h = x + norm(attn(norm(x))), and the same around the MLP.
+#   q/k norm: RMSNorm of q and k before RoPE, per head ("head") or over the whole projection.
+NORM_PLACEMENT = {"Olmo2ForCausalLM": "post", "Gemma2ForCausalLM": "sandwich", "Gemma3ForCausalLM": "sandwich"}
+QK_NORM = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Olmo2ForCausalLM": "projection"}
+DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256, "Gemma3ForCausalLM": 256}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 DEFAULT_CONTEXT = 4096
 
 
@@ -23,9 +34,17 @@ class RopeScaling:
 
     rope_type: str = "default"
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3, yarn, longrope
+    attention_factor: float | None = None  # yarn, longrope: cos and sin scaled by it (None: derived)
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+    long_factor: tuple[float, ...] = ()  # longrope: per frequency, past the original context
+    short_factor: tuple[float, ...] = ()  # longrope: within it
 
 
 @dataclass(frozen=True)
@@ -46,9 +65,21 @@ class ModelConfig:
     attention_bias: bool  # bias on q, k, v and o (Llama's `attention_bias`)
     qkv_bias: bool  # bias on q, k, v only (Qwen2)
     mlp_bias: bool
-    sliding_window: int | None  # None: full attention in every layer
+    sliding_window: int | None  # the window of "sliding_attention" layers; None: no such layers
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
+    layer_types: tuple[str, ...] = ()  # per layer: "full_attention" or "sliding_attention"; () all full
+    rope_layers: tuple[bool, ...] = ()  # per layer: False where a layer has no RoPE (SmolLM3); () all
+    local_rope: tuple[float, RopeScaling] | None = None  # RoPE base and scaling of sliding layers (Gemma 3)
+    hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3)
+    norm_placement: str = "pre"  # "pre", "post" or "sandwich" (NORM_PLACEMENT)
+    norm_offset: bool = False  # Gemma: norms scale by (1 + w)
+    qk_norm: str | None = None  # "head" or "projection" (QK_NORM)
+    fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj
+    embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its -1/2 power, not head_dim's
+    attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
 
     # Derived sizes, named as the forward pass uses them.
     @property
@@ -64,21 +95,29 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
-    def context_size(self, requested: int | None = None) -> int:
-        """The KV-cache length to use: the user's setting, else min(max positions, 4096).
+    @property
+    def attn_scale(self) -> float:
+        """What attention scores are multiplied by before softmax."""
+        return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
 
-        A sliding window smaller than the context would change attention, which we do not
-        implement, so it is an error naming the field.
-        """
+    def layer_window(self, i: int) -> int:
+        """Keys layer i attends to before each query's own position, plus one: 0 for all of them."""
+        sliding = self.layer_types and self.layer_types[i] == "sliding_attention"
+        return self.sliding_window if sliding else 0
+
+    def layer_rope(self, i: int) -> tuple[float, RopeScaling] | None:
+        """Layer i's RoPE base and scaling; None for a layer without RoPE."""
+        if self.rope_layers and not self.rope_layers[i]:
+            return None
+        if self.local_rope is not None and self.layer_window(i):
+            return self.local_rope
+        return self.rope_theta, self.rope_scaling
+
+    def context_size(self, requested: int | None = None) -> int:
+        """The KV-cache length to use: the user's setting, else min(max positions, 4096)."""
         ctx = min(self.max_position_embeddings, DEFAULT_CONTEXT) if requested is None else int(requested)
         if ctx <= 0:
             raise ConfigError(f"context size must be positive, got {ctx}")
-        if self.sliding_window is not None and self.sliding_window < ctx:
-            raise ConfigError(
-                f"config.json: sliding_window={self.sliding_window} is smaller than the context "
-                f"size {ctx}; sliding-window attention is not supported (use a context of at most "
-                f"{self.sliding_window})"
-            )
         return ctx
 
     # ---------------------------------------------------------------- loading
@@ -111,15 +150,22 @@ class ModelConfig:
             )
         arch = archs[0]
 
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"{source}: field 'hidden_act' is {act!r}; only 'silu' is supported")
+        gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+        gemma3 = arch == "Gemma3ForCausalLM"
+        act_field = "hidden_activation" if gemma else "hidden_act"
+        act = raw.get(act_field, "gelu_pytorch_tanh" if gemma else "silu")
+        if act not in ("silu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"{source}: field '{act_field}' is {act!r}; supported: 'silu', 'gelu_pytorch_tanh'")
+        _refuse_unsupported(raw, arch, source)
 
         hidden = fields.positive_int("hidden_size")
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", default=heads)
         head_dim = raw.get("head_dim")
-        head_dim = hidden // heads if head_dim is None else fields.positive_int("head_dim")
+        if head_dim is None:
+            head_dim = DEFAULT_HEAD_DIM.get(arch, hidden // heads)
+        else:
+            head_dim = fields.positive_int("head_dim")
         if heads % kv_heads:
             raise ConfigError(
                 f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
@@ -133,16 +179,11 @@ class ModelConfig:
         if not eps > 0:
             raise ConfigError(f"{source}: field 'rms_norm_eps' must be > 0, got {eps}")
 
-        rope_theta, scaling = _rope(raw, source)
+        rope_theta, scaling = _rope(raw, source, "full_attention", default_theta=1_000_000.0 if gemma3 else 10000.0)
+        local_rope = _rope(raw, source, "sliding_attention", default_theta=10000.0) if gemma3 else None
         max_pos = fields.positive_int("max_position_embeddings", default=2048)
-
-        sliding = None
-        if arch == "MistralForCausalLM":
-            sliding = raw.get("sliding_window")
-        elif arch == "Qwen2ForCausalLM" and raw.get("use_sliding_window"):
-            sliding = raw.get("sliding_window")
-        if sliding is not None and (not isinstance(sliding, int) or isinstance(sliding, bool) or sliding <= 0):
-            raise ConfigError(f"{source}: field 'sliding_window' must be a positive integer or null, got {sliding!r}")
+        layers = fields.positive_int("num_hidden_layers")
+        sliding, layer_types, rope_layers = _layer_kinds(raw, arch, layers, source)
 
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
@@ -157,7 +198,7 @@ class ModelConfig:
             vocab_size=fields.positive_int("vocab_size"),
             hidden_size=hidden,
             intermediate_size=fields.positive_int("intermediate_size"),
-            num_hidden_layers=fields.positive_int("num_hidden_layers"),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
@@ -166,12 +207,25 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=scaling,
             tie_word_embeddings=fields.boolean("tie_word_embeddings", default=False),
-            attention_bias=arch != "Qwen2ForCausalLM" and fields.boolean("attention_bias", default=False),
+            attention_bias=arch not in ("Qwen2ForCausalLM", "Phi3ForCausalLM") and fields.boolean("attention_bias", default=False),
             qkv_bias=arch == "Qwen2ForCausalLM",
-            mlp_bias=arch == "LlamaForCausalLM" and fields.boolean("mlp_bias", default=False),
+            mlp_bias=arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM") and fields.boolean("mlp_bias", default=False),
             sliding_window=sliding,
             bos_token_id=bos,
             eos_token_id=eos_ids,
+            layer_types=layer_types,
+            rope_layers=rope_layers,
+            local_rope=local_rope,
+            hidden_act=act,
+            norm_placement=NORM_PLACEMENT.get(arch, "pre"),
+            norm_offset=gemma,
+            qk_norm=QK_NORM.get(arch),
+            fused_projections=arch == "Phi3ForCausalLM",
+            embed_scale=hidden**0.5 if gemma else 1.0,
+            query_pre_attn_scalar=fields.number("query_pre_attn_scalar", default=256) if gemma else None,
+            # Gemma 3 keeps attn_logit_softcapping in its config but transformers never applies it
+            attn_logit_softcapping=fields.optional_positive("attn_logit_softcapping", 50.0) if arch == "Gemma2ForCausalLM" else None,
+            final_logit_softcapping=fields.optional_positive("final_logit_softcapping", None if gemma3 else 30.0) if gemma else None,
         )
 
 
@@ -195,6 +249,14 @@ class _Fields:
             raise ConfigError(f"{self.source}: field '{name}' must be a finite number, got {value!r}")
         return float(value)
 
+    def optional_positive(self, name: str, default: float | None = None) -> float | None:
+        value = self.raw.get(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{self.source}: field '{name}' must be a positive number or null, got {value!r}")
+        return float(value)
+
     def boolean(self, name: str, default: bool) -> bool:
         value = self.raw.get(name, default)
         if not isinstance(value, bool):
@@ -202,17 +264,28 @@ class _Fields:
         return value
 
 
-def _rope(raw: dict, source: str) -> tuple[float, RopeScaling]:
-    """RoPE base and scaling from either spelling: v4's `rope_theta` + `rope_scaling`, or v5's `rope_parameters`."""
+def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_theta: float = 10000.0) -> tuple[float, RopeScaling]:
+    """RoPE base and scaling of one kind of layer, from either spelling: v4's `rope_theta` +
+    `rope_scaling` (and Gemma's `rope_local_base_freq` for sliding layers), or v5's
+    `rope_parameters` (for Gemma, one entry per layer type)."""
     field = "rope_parameters" if raw.get("rope_parameters") is not None else "rope_scaling"
     params = raw.get(field) or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{source}: field '{field}' must be an object or null")
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    if set(params) & set(LAYER_TYPES):  # per layer type
+        field = f"{field}.{layer_type}"
+        params = params.get(layer_type) or {}
+        if not isinstance(params, dict):
+            raise ConfigError(f"{source}: field '{field}' must be an object or null")
+    elif layer_type == "sliding_attention":  # v4 Gemma: a plain local base, no scaling
+        params = {"rope_theta": raw.get("rope_local_base_freq", default_theta)}
+    theta = params.get("rope_theta", raw.get("rope_theta", default_theta))
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0 or not math.isfinite(theta):
         raise ConfigError(f"{source}: field 'rope_theta' must be a positive number, got {theta!r}")
 
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if raw.get("architectures") == ["Phi3ForCausalLM"] and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config's reading of its older names
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"{source}: field '{field}.rope_type' is {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -220,22 +293,107 @@ def _rope(raw: dict, source: str) -> tuple[float, RopeScaling]:
     if rope_type == "default":
         return float(theta), RopeScaling()
 
-    def num(key, default=None):
+    def num(key, default=None, optional=False):
         value = params.get(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        if value is None and optional:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
             raise ConfigError(f"{source}: field '{field}.{key}' must be a positive number, got {value!r}")
-        return value
+        return float(value)
 
+    max_pos = raw.get("max_position_embeddings", 2048)
     if rope_type == "linear":
-        return float(theta), RopeScaling("linear", factor=float(num("factor")))
-    original = params.get("original_max_position_embeddings", raw.get("max_position_embeddings"))
-    scaling = RopeScaling(
-        "llama3",
-        factor=float(num("factor")),
-        low_freq_factor=float(num("low_freq_factor")),
-        high_freq_factor=float(num("high_freq_factor")),
-        original_max_position_embeddings=int(num("original_max_position_embeddings", original)),
+        return float(theta), RopeScaling("linear", factor=num("factor"))
+    if rope_type == "dynamic":
+        return float(theta), RopeScaling("dynamic", factor=num("factor"))
+    # transformers takes a top-level original_max_position_embeddings first (Phi-3's config has one)
+    original = raw.get("original_max_position_embeddings", 4096 if raw.get("architectures") == ["Phi3ForCausalLM"] else None)
+    original = int(num("original_max_position_embeddings", original if original is not None else params.get("original_max_position_embeddings", max_pos)))
+    if rope_type == "llama3":
+        scaling = RopeScaling(
+            "llama3",
+            factor=num("factor"),
+            low_freq_factor=num("low_freq_factor"),
+            high_freq_factor=num("high_freq_factor"),
+            original_max_position_embeddings=original,
+        )
+        if scaling.high_freq_factor == scaling.low_freq_factor:
+            raise ConfigError(f"{source}: field '{field}.high_freq_factor' must differ from low_freq_factor")
+        return float(theta), scaling
+    factor = num("factor", optional=True)
+    factor = max_pos / original if factor is None else factor
+    if rope_type == "yarn":
+        truncate = params.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise ConfigError(f"{source}: field '{field}.truncate' must be true or false")
+        return float(theta), RopeScaling(
+            "yarn", factor=factor, original_max_position_embeddings=original,
+            attention_factor=num("attention_factor", optional=True),
+            beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
+            mscale=num("mscale", optional=True), mscale_all_dim=num("mscale_all_dim", optional=True), truncate=truncate,
+        )
+    factors = {}
+    for key in ("long_factor", "short_factor"):
+        values = params.get(key)
+        if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ConfigError(f"{source}: field '{field}.{key}' must be a list of positive numbers")
+        factors[key] = tuple(float(v) for v in values)
+    return float(theta), RopeScaling(
+        "longrope", factor=factor, original_max_position_embeddings=original,
+        attention_factor=num("attention_factor", optional=True), **factors,
     )
-    if scaling.high_freq_factor == scaling.low_freq_factor:
-        raise ConfigError(f"{source}: field '{field}.high_freq_factor' must differ from low_freq_factor")
-    return float(theta), scaling
+
+
+def _refuse_unsupported(raw: dict, arch: str, source: str) -> None:
+    """Options of a supported architecture that we do not implement: an error naming the field."""
+    if raw.get("use_bidirectional_attention"):
+        raise ConfigError(f"{source}: field 'use_bidirectional_attention' is true; only causal attention is supported")
+    for field in ("num_experts", "num_local_experts", "vision_config"):
+        if raw.get(field):
+            raise ConfigError(f"{source}: field '{field}' is set; mixture-of-experts and vision models are not supported")
+
+
+def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | None, tuple[str, ...], tuple[bool, ...]]:
+    """(sliding window, per-layer attention types, per-layer RoPE flags), as transformers derives
+    them for each architecture when config.json does not list `layer_types`."""
+    window = raw.get("sliding_window")
+    if arch == "MistralForCausalLM" and "sliding_window" not in raw:
+        window = 4096  # MistralConfig's default
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM") and not raw.get("use_sliding_window"):
+        window = None
+    if arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") and "sliding_window" not in raw:
+        window = 4096
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+        raise ConfigError(f"{source}: field 'sliding_window' must be a positive integer or null, got {window!r}")
+
+    rope_layers: tuple[bool, ...] = ()
+    if arch == "SmolLM3ForCausalLM":
+        flags = raw.get("no_rope_layers")  # despite the name: 1 where a layer uses RoPE
+        if flags is None:
+            interval = raw.get("no_rope_layer_interval", 4)
+            if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
+                raise ConfigError(f"{source}: field 'no_rope_layer_interval' must be a positive integer")
+            flags = [int((i + 1) % interval != 0) for i in range(layers)]
+        if not isinstance(flags, list) or len(flags) != layers or any(f not in (0, 1) for f in flags):
+            raise ConfigError(f"{source}: field 'no_rope_layers' must list 0 or 1 for each of the {layers} layers")
+        rope_layers = tuple(bool(f) for f in flags)
+
+    types = raw.get("layer_types")
+    if types is None:
+        if window is None:
+            return None, (), rope_layers
+        if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+            first = raw.get("max_window_layers", 28)
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        elif arch == "SmolLM3ForCausalLM":
+            types = ["full_attention" if rope_layers[i] else "sliding_attention" for i in range(layers)]
+        elif arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+            pattern = raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        else:  # Mistral, Phi-3: every layer
+            types = ["sliding_attention"] * layers
+    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        raise ConfigError(f"{source}: field 'layer_types' must list one of {', '.join(LAYER_TYPES)} for each of the {layers} layers")
+    if window is None:  # transformers: a sliding layer without a window attends to everything
+        return None, (), rope_layers
+    return window, tuple(types), rope_layers

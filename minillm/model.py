@@ -14,6 +14,7 @@ Prefill runs in chunks of up to PREFILL_CHUNK tokens over workspaces sized for a
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -26,19 +27,26 @@ import kernels as K
 from .cache import KVCache
 from .checkpoint import Weights, load_checkpoint
 from .config import ModelConfig, RopeScaling
-from .errors import GenerationError
+from .errors import ConfigError, GenerationError
 
 PREFILL_CHUNK = 256
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies (hd/2,) in float32, following transformers' rope init functions."""
+def rope_inv_freq(cfg: ModelConfig, rope: tuple[float, RopeScaling] | None = None, ctx: int | None = None) -> np.ndarray:
+    """Inverse frequencies (hd/2,) in float32 for RoPE base and scaling `rope` (the config's,
+    by default), following transformers' rope init functions. `dynamic` and `longrope` depend on
+    the sequence length: here the context size `ctx`, so every chunking of a sequence sees the
+    same frequencies (transformers' for a sequence of ctx tokens)."""
+    theta, s = rope if rope is not None else (cfg.rope_theta, cfg.rope_scaling)
+    ctx = cfg.context_size() if ctx is None else ctx
     dim = cfg.head_dim
+    f32 = np.float32
+    if s.rope_type == "dynamic" and ctx > cfg.max_position_embeddings:
+        theta = theta * ((s.factor * ctx / cfg.max_position_embeddings) - (s.factor - 1)) ** (dim / (dim - 2))
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float64) / dim
     # Correctly rounded to float32: what torch's float32 pow gives, to the last bit or one ulp.
-    inv_freq = (1.0 / (cfg.rope_theta**exponents)).astype(np.float32)
-    s: RopeScaling = cfg.rope_scaling
-    f32 = np.float32
+    pos_freqs = (theta**exponents).astype(f32)
+    inv_freq = (1.0 / (theta**exponents)).astype(f32)
     if s.rope_type == "linear":
         inv_freq = inv_freq / f32(s.factor)
     elif s.rope_type == "llama3":
@@ -51,7 +59,66 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         smoothed = (f32(1) - smooth) * scaled / f32(s.factor) + smooth * scaled
         medium = ~(wavelen < f32(high_freq_wavelen)) & ~(wavelen > f32(low_freq_wavelen))
         inv_freq = np.where(medium, smoothed, scaled)
-    return inv_freq.astype(np.float32)
+    elif s.rope_type == "yarn":
+        low, high = _yarn_correction_range(s, dim, theta)
+        if low == high:
+            high += 0.001  # transformers: no singular ramp
+        ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), f32(0), f32(1))
+        extrapolation = f32(1) - ramp
+        inv_freq = (f32(1) / (f32(s.factor) * pos_freqs)) * (f32(1) - extrapolation) + (f32(1) / pos_freqs) * extrapolation
+    elif s.rope_type == "longrope":
+        factors = s.long_factor if ctx > s.original_max_position_embeddings else s.short_factor
+        if len(factors) != dim // 2:
+            raise ConfigError(f"config.json: longrope factors have {len(factors)} entries, head_dim / 2 is {dim // 2}")
+        inv_freq = f32(1.0) / (np.array(factors, f32) * pos_freqs)
+    return inv_freq.astype(f32)
+
+
+def rope_attention_factor(s: RopeScaling) -> float:
+    """What yarn and longrope scale cos and sin by (transformers' attention_factor); 1 otherwise."""
+    if s.attention_factor is not None or s.rope_type not in ("yarn", "longrope"):
+        return 1.0 if s.attention_factor is None else s.attention_factor
+    if s.rope_type == "longrope":
+        if s.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(s.factor) / math.log(s.original_max_position_embeddings))
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if s.mscale and s.mscale_all_dim:
+        return float(mscale(s.factor, s.mscale) / mscale(s.factor, s.mscale_all_dim))
+    return mscale(s.factor)
+
+
+def _yarn_correction_range(s: RopeScaling, dim: int, theta: float) -> tuple[float, float]:
+    def correction_dim(rotations):
+        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def rope_tables(cfg: ModelConfig, ctx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """cos, sin (tables, ctx, hd/2): one table per distinct RoPE base and scaling among the
+    layers (Gemma 3's sliding and full layers differ); and each layer's table, -1 for none."""
+    kinds: dict = {}
+    index = []
+    for i in range(cfg.num_hidden_layers):
+        rope = cfg.layer_rope(i)
+        if rope is not None and rope not in kinds:
+            kinds[rope] = len(kinds)
+        index.append(-1 if rope is None else kinds[rope])
+    tables = [_scaled_tables(cfg, rope, ctx) for rope in kinds] or [K.rope_tables(np.zeros(cfg.head_dim // 2, np.float32), 1)]
+    return np.stack([c for c, _ in tables]), np.stack([s for _, s in tables]), np.array(index, np.int64)
+
+
+def _scaled_tables(cfg: ModelConfig, rope: tuple[float, RopeScaling], ctx: int) -> tuple[np.ndarray, np.ndarray]:
+    cos, sin = K.rope_tables(rope_inv_freq(cfg, rope, ctx), ctx)
+    factor = np.float32(rope_attention_factor(rope[1]))
+    return cos * factor, sin * factor  # float32 products, as transformers scales them
 
 
 class PrefillWorkspace:
@@ -136,11 +203,12 @@ class Model:
         self.weights = weights
         self.dtype = weights.dtype
         self.ctx = cfg.context_size(ctx)
-        self.cos, self.sin = K.rope_tables(rope_inv_freq(cfg), self.ctx)
+        self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
+        self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
         self._lock = threading.Lock()
         self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.dtype)
         self._prefill_ws: PrefillWorkspace | None = None
-        self._decode_weights = decode_weights(weights)
+        self._decode_weights = decode_weights(cfg, weights, self.rope_table, self.windows)
 
     @classmethod
     def load(
@@ -222,63 +290,91 @@ class Model:
         cfg, w = self.config, self.weights
         T = len(tokens)
         pos0 = cache.length
-        eps = cfg.rms_norm_eps
-        hd = cfg.head_dim
-
-        def linear(out, inp, lin):
-            K.matmul(out, inp, lin.w, lin.s)
-            if lin.b is not None:
-                K.add_bias(out, lin.b)
-
-        x, xn, att = ws.x[:T], ws.xn[:T], ws.att[:T]
-        q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]
-        o, gate, up = ws.proj[:T], ws.gate[:T], ws.up[:T]
-        positions = ws.positions[:T]
-        positions[:] = np.arange(pos0, pos0 + T)
+        x = ws.x[:T]
+        ws.positions[:T] = np.arange(pos0, pos0 + T)
         K.gather_rows(x, w.embed.w, w.embed.s, tokens)
+        x *= np.float32(cfg.embed_scale)
         if capture is not None:
             capture[0] = x
-
-        for i, L in enumerate(w.layers):
-            # h = x + attn(rmsnorm(x))
-            K.rmsnorm(xn, x, L.input_norm, eps)
-            linear(q, xn, L.q)
-            linear(k, xn, L.k)
-            linear(v, xn, L.v)
-            K.rope(q, self.cos, self.sin, positions, hd)
-            K.rope(k, self.cos, self.sin, positions, hd)
-            K.kv_write(cache.k[i], cache.v[i], k, v, pos0)
-            K.attention(att, q, cache.k[i], cache.v[i], pos0, ws.scores)
-            linear(o, att, L.o)
-            x += o
-            # x = h + mlp(rmsnorm(h))
-            K.rmsnorm(xn, x, L.post_norm, eps)
-            linear(gate, xn, L.gate)
-            linear(up, xn, L.up)
-            K.swiglu(gate, gate, up)
-            linear(o, gate, L.down)
-            x += o
+        for i, layer in enumerate(w.layers):
+            self._attention_block(i, layer, x, ws, cache, pos0)  # h = x + out_norm(attn(norm(x)))
+            self._mlp_block(layer, x, ws)  # x = h + out_norm(mlp(norm(h)))
             if capture is not None:
                 capture[i + 1] = x
         cache.length = pos0 + T
+        eps = cfg.rms_norm_eps
         if capture is not None:
             K.rmsnorm(capture[-1], x, w.norm, eps)
-
         if not want_logits:
             return None
         if all_logits:
-            K.rmsnorm(xn, x, w.norm, eps)
+            K.rmsnorm(ws.xn[:T], x, w.norm, eps)
             logits = np.empty((T, cfg.vocab_size), np.float32)
-            K.matmul(logits, xn, w.lm_head.w, w.lm_head.s)
-            return logits
-        K.rmsnorm(xn[T - 1 :], x[T - 1 :], w.norm, eps)
-        K.matvec(ws.logits, xn[T - 1], w.lm_head.w, w.lm_head.s)
-        return ws.logits
+            K.matmul(logits, ws.xn[:T], w.lm_head.w, w.lm_head.s)
+        else:
+            K.rmsnorm(ws.xn[T - 1 : T], x[T - 1 :], w.norm, eps)
+            K.matvec(ws.logits, ws.xn[T - 1], w.lm_head.w, w.lm_head.s)
+            logits = ws.logits.reshape(1, -1)
+        if cfg.final_logit_softcapping:
+            for row in logits:
+                K.softcap_row(row, cfg.final_logit_softcapping)
+        return logits if all_logits else ws.logits
+
+    def _attention_block(self, i: int, layer, x: np.ndarray, ws: PrefillWorkspace, cache: KVCache, pos0: int) -> None:
+        """x += out_norm(attention(norm(x))) for layer i, the chunk's keys and values into the cache."""
+        cfg, T, eps, hd = self.config, len(x), self.config.rms_norm_eps, self.config.head_dim
+        xn, q, k, v, att, o = ws.xn[:T], ws.q[:T], ws.k[:T], ws.v[:T], ws.att[:T], ws.proj[:T]
+        _norm_or_copy(xn, x, layer.attn_norm, eps)
+        _linear(q, xn, layer.q)
+        _linear(k, xn, layer.k)
+        _linear(v, xn, layer.v)
+        for proj, norm in ((q, layer.q_norm), (k, layer.k_norm)):
+            if norm is not None:  # per head or over the projection: groups of the norm's width
+                K.rmsnorm(proj.reshape(-1, len(norm)), proj.reshape(-1, len(norm)), norm, eps)
+        table = self.rope_table[i]
+        if table >= 0:
+            K.rope(q, self.cos[table], self.sin[table], ws.positions[:T], hd)
+            K.rope(k, self.cos[table], self.sin[table], ws.positions[:T], hd)
+        K.kv_write(cache.k[i], cache.v[i], k, v, pos0)
+        K.attention(att, q, cache.k[i], cache.v[i], pos0, ws.scores, self.windows[i], np.float32(cfg.attn_scale),
+                    np.float32(cfg.attn_logit_softcapping or 0.0))
+        _linear(o, att, layer.o)
+        if layer.attn_out_norm is not None:
+            K.rmsnorm(o, o, layer.attn_out_norm, eps)
+        x += o
+
+    def _mlp_block(self, layer, x: np.ndarray, ws: PrefillWorkspace) -> None:
+        """x += out_norm(down(act(gate(norm(x))) * up(norm(x))))."""
+        T, eps = len(x), self.config.rms_norm_eps
+        xn, gate, up, o = ws.xn[:T], ws.gate[:T], ws.up[:T], ws.proj[:T]
+        _norm_or_copy(xn, x, layer.mlp_norm, eps)
+        _linear(gate, xn, layer.gate)
+        _linear(up, xn, layer.up)
+        K.gated(gate, gate, up, self.config.hidden_act != "silu")
+        _linear(o, gate, layer.down)
+        if layer.mlp_out_norm is not None:
+            K.rmsnorm(o, o, layer.mlp_out_norm, eps)
+        x += o
 
 
-def decode_weights(w: Weights) -> "K.DecodeWeights":
-    """The weights as kernels.decode_batch reads them, by name (built once at load)."""
+def _linear(out: np.ndarray, inp: np.ndarray, lin) -> None:
+    K.matmul(out, inp, lin.w, lin.s)
+    if lin.b is not None:
+        K.add_bias(out, lin.b)
+
+
+def _norm_or_copy(out: np.ndarray, x: np.ndarray, norm: np.ndarray | None, eps: float) -> None:
+    """out = rmsnorm(x), or x itself where the architecture has no norm at that place."""
+    if norm is None:
+        out[:] = x
+    else:
+        K.rmsnorm(out, x, norm, eps)
+
+
+def decode_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray) -> "K.DecodeWeights":
+    """The weights and architecture as kernels.decode_batch reads them, by name (built once at load)."""
     layers = w.layers
+    f = np.float32
 
     def per_layer(get) -> List:
         lst = List()
@@ -289,24 +385,37 @@ def decode_weights(w: Weights) -> "K.DecodeWeights":
     def stacked_bias(*names) -> np.ndarray:
         """(L, sum of widths); (L, 0) when these projections have no bias."""
         if getattr(layers[0], names[0]).b is None:
-            return np.zeros((len(layers), 0), np.float32)
-        return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in layers]).astype(np.float32)
+            return np.zeros((len(layers), 0), f)
+        return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in layers]).astype(f)
+
+    def stacked_norm(name) -> np.ndarray:
+        """(L, width); (L, 0) where the architecture has no such norm."""
+        if getattr(layers[0], name) is None:
+            return np.zeros((len(layers), 0), f)
+        return np.stack([getattr(layer, name) for layer in layers]).astype(f)
 
     matrices = {}
     for name in ("q", "k", "v", "o", "gate", "up", "down"):
         matrices[name] = per_layer(lambda layer: getattr(layer, name).w)
         matrices[name + "_scales"] = per_layer(lambda layer: getattr(layer, name).s)
+    norms = {name: stacked_norm(name) for name in ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm")}
     return K.DecodeWeights(
         embed=w.embed.w,
         embed_scales=w.embed.s,
         lm_head=w.lm_head.w,
         lm_head_scales=w.lm_head.s,
-        input_norm=np.stack([layer.input_norm for layer in layers]),
-        post_norm=np.stack([layer.post_norm for layer in layers]),
         final_norm=w.norm,
         qkv_bias=stacked_bias("q", "k", "v"),
         o_bias=stacked_bias("o"),
         gate_up_bias=stacked_bias("gate", "up"),
         down_bias=stacked_bias("down"),
+        rope_table=rope_table,
+        window=windows,
+        embed_scale=f(cfg.embed_scale),
+        attn_scale=f(cfg.attn_scale),
+        attn_softcap=f(cfg.attn_logit_softcapping or 0.0),
+        final_softcap=f(cfg.final_logit_softcapping or 0.0),
+        gelu=cfg.hidden_act != "silu",
+        **norms,
         **matrices,
     )

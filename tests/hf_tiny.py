@@ -10,15 +10,8 @@ VOCAB = 97
 def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_size=None, seed=0, **overrides):
     """Save a random tiny model of `arch` to `path`; returns the transformers model in float32,
     loaded back from the saved files (so f16/bf16 rounding is in both sides)."""
-    from transformers import (
-        AutoModelForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    import transformers as tf
+    from transformers import AutoModelForCausalLM
 
     base = dict(
         vocab_size=VOCAB,
@@ -30,11 +23,19 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
     )
+    if arch in ("smollm3", "phi3", "gemma2", "gemma3"):  # their defaults name ids of a real vocabulary
+        base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(overrides)
     config_cls, model_cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM),
+        "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

@@ -21,6 +21,17 @@ def tiny(tmp_path_factory):
     return path
 
 
+ARCHS = {"llama": {}, "qwen3": dict(arch="qwen3", head_dim=16),
+         "gemma3": dict(arch="gemma3", head_dim=16, sliding_window=6, query_pre_attn_scalar=20)}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def tiny_arch(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"tiny-compare-{request.param}")
+    make_checkpoint(path, num_hidden_layers=4, **ARCHS[request.param])
+    return path
+
+
 def test_compare_on_tiny_model_is_exact_enough(tiny):
     model, oracle = Model.load(tiny), load_oracle(tiny)
     result = compare(model, oracle, list(range(3, 40)), per_layer=True)
@@ -31,9 +42,12 @@ def test_compare_on_tiny_model_is_exact_enough(tiny):
     assert result["layers"]["first_divergence"] is None
 
 
-def test_per_layer_names_the_perturbed_layer(tiny):
-    """Weights changed in minillm only, in layer 2: the first divergence is layer 2."""
+def test_per_layer_names_the_perturbed_layer(tiny_arch):
+    """Weights changed in minillm only, in layer 2: the first divergence is layer 2 (Llama, Qwen3
+    with its q/k norms, Gemma 3 with its sandwich norms and sliding layers)."""
+    tiny = tiny_arch
     model, oracle = Model.load(tiny), load_oracle(tiny)
+    assert compare(model, oracle, list(range(3, 30)), per_layer=True)["layers"]["first_divergence"] is None
     layer = model.weights.layers[2]
     layer.gate.w[...] = layer.gate.w * 1.01  # the weights map the file copy-on-write: disk untouched
     result = compare(model, oracle, list(range(3, 30)), per_layer=True)

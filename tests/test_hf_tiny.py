@@ -34,23 +34,70 @@ CASES = {
     "qwen2-biases": dict(arch="qwen2", tie_word_embeddings=False),
     "mistral": dict(arch="mistral", sliding_window=None, head_dim=8),
     "mistral-window-ok": dict(arch="mistral", sliding_window=256),
+    # sliding windows shorter than the 40-token prompt
+    "mistral-window": dict(arch="mistral", sliding_window=7),
+    "qwen2-window": dict(arch="qwen2", use_sliding_window=True, sliding_window=9, max_window_layers=1),
+    # q/k norm per head, head_dim != hidden / heads, tied and untied, MQA
+    "qwen3-tied": dict(arch="qwen3", tie_word_embeddings=True, head_dim=16),
+    "qwen3-mqa-untied": dict(arch="qwen3", tie_word_embeddings=False, num_key_value_heads=1, head_dim=8),
+    "qwen3-window": dict(arch="qwen3", use_sliding_window=True, sliding_window=6, max_window_layers=0),
+    # norms after the sub-blocks, q/k norm over the whole projection
+    "olmo2": dict(arch="olmo2"),
+    "olmo2-mha-untied": dict(arch="olmo2", num_key_value_heads=6, tie_word_embeddings=False),
+    # layers without RoPE
+    "smollm3": dict(arch="smollm3", no_rope_layer_interval=2, tie_word_embeddings=True),
+    "smollm3-3-layers": dict(arch="smollm3", num_hidden_layers=3, no_rope_layers=[0, 1, 0]),
+    # fused qkv_proj and gate_up_proj
+    "phi3": dict(arch="phi3"),
+    "phi3-window": dict(arch="phi3", sliding_window=10, num_key_value_heads=6),
+    # (1 + w) norms before and after each sub-block, GELU-tanh, scaled embeddings, q/k norm,
+    # query_pre_attn_scalar, sliding and full layers with their own RoPE bases, soft-capping
+    "gemma3": dict(arch="gemma3", head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0),
+    "gemma3-mqa-linear": dict(
+        arch="gemma3", head_dim=8, num_key_value_heads=1, sliding_window=5, num_hidden_layers=3,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}},
+    ),
+    # RoPE scaling past the original context (40 tokens); "ctx" is the context minillm runs at
+    "llama-rope-yarn": dict(arch="llama", max_position_embeddings=64, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}),
+    "qwen3-rope-yarn-factors": dict(arch="qwen3", max_position_embeddings=64, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 12, "rope_theta": 5000.0,
+        "attention_factor": 1.3, "beta_fast": 16, "beta_slow": 2, "truncate": False}),
+    "llama-rope-dynamic": dict(arch="llama", max_position_embeddings=16, ctx=40, rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+    "phi3-longrope": dict(arch="phi3", max_position_embeddings=64, original_max_position_embeddings=16, ctx=40,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "long_factor": [1.0, 1.5, 2.0, 3.0], "short_factor": [1.0, 1.1, 1.2, 1.3]}),
+    "phi3-longrope-short": dict(arch="phi3", max_position_embeddings=128, original_max_position_embeddings=64, ctx=64,
+                                rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                 "long_factor": [1.0, 1.5, 2.0, 3.0], "short_factor": [1.0, 1.1, 1.2, 1.3]}),
+    # Gemma 2: as Gemma 3 without q/k norm, with attention and final soft-capping (defaults 50, 30)
+    "gemma2": dict(arch="gemma2", head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+                   attn_logit_softcapping=0.5, final_logit_softcapping=2.0),
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    oracle = make_checkpoint(path, **CASES[request.param])
-    return request.param, path, oracle
+    options = dict(CASES[request.param])
+    ctx = options.pop("ctx", None)
+    oracle = make_checkpoint(path, **options)
+    return request.param, path, oracle, ctx
 
 
 def test_logits_match_transformers(checkpoint):
-    name, path, oracle = checkpoint
-    ours = Model.load(path)
+    name, path, oracle, ctx = checkpoint
+    ours = Model.load(path, ctx=ctx)
     got = ours.forward(TOKENS, ours.new_cache(), all_logits=True)
     expected = hf_logits(oracle, TOKENS)
     assert got.shape == expected.shape == (len(TOKENS), VOCAB)
     assert np.abs(got - expected).max() <= 1e-4, name
+    assert ((got - expected) ** 2).mean() / expected.var() <= 1e-8, name
+    assert (got.argmax(-1) == expected.argmax(-1)).all(), name
 
 
 def test_sharded_checkpoint_really_has_shards(tmp_path):
@@ -61,15 +108,16 @@ def test_sharded_checkpoint_really_has_shards(tmp_path):
 
 @pytest.mark.parametrize("n_prefill", [1, 7, 25])
 def test_prefill_then_decode_equals_full_forward(checkpoint, n_prefill):
-    _, path, _ = checkpoint
-    model = Model.load(path)
+    """Bit for bit, for every architecture, past every sliding window."""
+    _, path, _, ctx = checkpoint
+    model = Model.load(path, ctx=ctx)
     full = model.forward(TOKENS, model.new_cache(), all_logits=True)
     cache = model.new_cache()
     steps = [model.forward(TOKENS[:n_prefill], cache).copy()]
     for t in TOKENS[n_prefill:]:
         steps.append(model.forward([t], cache).copy())
     assert cache.length == len(TOKENS)
-    assert np.abs(np.stack(steps) - full[n_prefill - 1 :]).max() <= 1e-5
+    np.testing.assert_array_equal(np.stack(steps), full[n_prefill - 1 :])
 
 
 def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
@@ -84,12 +132,17 @@ def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
     assert np.abs(whole - chunked).max() <= 1e-5
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
-def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype):
+BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "gemma3": CASES["gemma3"],
+               "olmo2": CASES["olmo2"], "qwen3-window": CASES["qwen3-window"], "phi3-window": CASES["phi3-window"]}
+
+
+# every precision on llama; every architecture at float32 (the precisions share one path)
+@pytest.mark.parametrize("case,dtype", [("llama", d) for d in ("float32", "bfloat16", "int8")] + [(c, "float32") for c in list(BATCH_CASES)[1:]])
+def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype, case):
     """Sequences of different lengths decoded together give exactly what each gives alone."""
     from minillm.cache import KVPool
 
-    make_checkpoint(tmp_path, tie_word_embeddings=False, attention_bias=True)
+    make_checkpoint(tmp_path, **BATCH_CASES[case])
     model = Model.load(tmp_path, dtype=dtype)
     prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
     steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]

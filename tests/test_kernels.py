@@ -32,19 +32,23 @@ def ref_rope(x, cos, sin, positions, hd):
     return (xh * c + rotated * s).reshape(T, width).astype(np.float32)
 
 
-def ref_attention(q, k_cache, v_cache, pos0):
+def ref_attention(q, k_cache, v_cache, pos0, window=0, scale=None, softcap=0.0):
     T = q.shape[0]
     nkv, _, hd = k_cache.shape
     nh = q.shape[1] // hd
+    scale = hd**-0.5 if scale is None else scale
     out = np.zeros_like(q, dtype=np.float64)
     for h in range(nh):
         kv = h // (nh // nkv)
         for t in range(T):
             n = pos0 + t + 1
-            s = k_cache[kv, :n].astype(np.float64) @ q[t, h * hd : (h + 1) * hd] * hd**-0.5
+            lo = max(0, n - window) if window else 0  # the last `window` keys
+            s = k_cache[kv, lo:n].astype(np.float64) @ q[t, h * hd : (h + 1) * hd] * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             p /= p.sum()
-            out[t, h * hd : (h + 1) * hd] = p @ v_cache[kv, :n]
+            out[t, h * hd : (h + 1) * hd] = p @ v_cache[kv, lo:n]
     return out.astype(np.float32)
 
 
@@ -187,8 +191,52 @@ def test_attention(T, nh, nkv, hd, pos0):
     q = rand(T, nh * hd)
     out = np.empty_like(q)
     scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
-    K.attention(out, q, k_cache, v_cache, pos0, scores)
+    K.attention(out, q, k_cache, v_cache, pos0, scores, 0, np.float32(hd**-0.5), np.float32(0.0))
     np.testing.assert_allclose(out, ref_attention(q, k_cache, v_cache, pos0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,softcap", [(1, 0.0), (5, 0.0), (9, 0.7), (100, 0.0), (0, 3.0)])
+def test_attention_window_scale_softcap(window, softcap):
+    """A sliding window (the last `window` keys), another scale, soft-capped scores; and each
+    query of a prefill equals attend on that query alone, bit for bit."""
+    T, nh, nkv, hd, pos0, ctx = 13, 4, 2, 20, 6, 40
+    k_cache, v_cache = rand(nkv, ctx, hd), rand(nkv, ctx, hd)
+    q = rand(T, nh * hd) * 3
+    out = np.empty_like(q)
+    scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
+    scale, cap = np.float32(0.3), np.float32(softcap)
+    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap)
+    expected = ref_attention(q, k_cache, v_cache, pos0, window, float(scale), softcap)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    s = np.empty(ctx, np.float32)
+    for t in range(T):
+        p = pos0 + t
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(nh):
+            alone = np.empty(hd, np.float32)
+            kv = h // (nh // nkv)
+            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap)
+            np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
+
+
+@pytest.mark.parametrize("T,I", [(1, 1), (3, 37), (8, 131)])
+def test_gelu_tanh_gate(T, I):
+    gate, up = rand(T, I) * 4, rand(T, I)
+    g = gate.astype(np.float64)
+    expected = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * up
+    out = np.empty_like(gate)
+    K.gated(out, gate, up, True)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    K.gated(out, gate, up, False)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_softcap():
+    x = (rand(300) * 80).astype(np.float32)
+    x[:3] = [np.inf, -np.inf, 0.0]
+    expected = 30.0 * np.tanh(x.astype(np.float64) / 30.0)
+    K.softcap_row(x, 30.0)
+    np.testing.assert_allclose(x, expected, rtol=1e-6, atol=3e-6)
 
 
 def test_kv_write():

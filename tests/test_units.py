@@ -62,8 +62,11 @@ def test_rope_inv_freq_matches_transformers():
         ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
         ({"architectures": None}, "architectures"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
+        ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "rope_type"),
+        ({"rope_parameters": {"rope_type": "mrope", "factor": 2.0}}, "rope_type"),
+        ({"rope_parameters": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": "x"}}, "short_factor"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": -2.0}}, "factor"),
+        ({"rope_parameters": {"rope_type": "dynamic"}}, "factor"),
         ({"num_key_value_heads": 3}, "num_key_value_heads"),
         ({"hidden_size": -64}, "hidden_size"),
         ({"vocab_size": "100"}, "vocab_size"),
@@ -71,6 +74,12 @@ def test_rope_inv_freq_matches_transformers():
         ({"head_dim": 15}, "head_dim"),
         ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"architectures": ["Qwen3ForCausalLM"], "num_experts": 8}, "num_experts"),
+        ({"architectures": ["Gemma3ForCausalLM"], "vision_config": {"hidden_size": 8}}, "vision_config"),
+        ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"architectures": ["Gemma3ForCausalLM"], "hidden_activation": "relu"}, "hidden_activation"),
+        ({"architectures": ["SmolLM3ForCausalLM"], "no_rope_layers": [1]}, "no_rope_layers"),
+        ({"architectures": ["Gemma2ForCausalLM"], "final_logit_softcapping": -1.0}, "final_logit_softcapping"),
     ],
 )
 def test_config_errors_name_the_field(changes, field):
@@ -78,12 +87,21 @@ def test_config_errors_name_the_field(changes, field):
         cfg(**changes)
 
 
-def test_sliding_window_smaller_than_context_is_an_error():
+def test_sliding_windows_per_layer_as_transformers_derives_them():
     c = cfg(architectures=["MistralForCausalLM"], sliding_window=1024, max_position_embeddings=32768)
-    with pytest.raises(ConfigError, match="sliding_window"):
-        c.context_size()  # default context 4096 > window
-    assert c.context_size(1024) == 1024
-    assert cfg(architectures=["MistralForCausalLM"], sliding_window=None).context_size() == 2048
+    assert c.context_size() == 4096 and [c.layer_window(i) for i in range(2)] == [1024, 1024]
+    assert cfg(architectures=["MistralForCausalLM"]).layer_window(0) == 4096  # MistralConfig's default
+    assert cfg(architectures=["MistralForCausalLM"], sliding_window=None).layer_window(0) == 0
+    qwen = dict(architectures=["Qwen3ForCausalLM"], sliding_window=64, max_window_layers=1, head_dim=8)
+    assert [cfg(**qwen).layer_window(i) for i in range(2)] == [0, 0]  # use_sliding_window false
+    assert [cfg(**qwen, use_sliding_window=True).layer_window(i) for i in range(2)] == [0, 64]
+    gemma = cfg(architectures=["Gemma3ForCausalLM"], num_hidden_layers=7, sliding_window=32, head_dim=8)
+    assert [gemma.layer_window(i) for i in range(7)] == [32] * 5 + [0, 32]  # every 6th layer full
+    assert gemma.layer_rope(0) != gemma.layer_rope(5)  # local and global bases
+    smol = cfg(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=4)
+    assert [smol.layer_rope(i) is not None for i in range(4)] == [True, True, True, False]
+    with pytest.raises(ConfigError, match="layer_types"):
+        cfg(architectures=["MistralForCausalLM"], layer_types=["full_attention"])  # 1 of 2 layers
 
 
 def test_default_context_is_capped():
