@@ -98,6 +98,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together")
     sv.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests allowed to wait (then 429)")
     sv.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
+    sv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                    help="on SIGTERM, seconds running requests may take to finish")
+    sv.add_argument("--cache-mb", type=float, metavar="MB",
+                    help="memory for the prefix KV cache shared by requests (default: a fifth of free memory, at most 2048; 0: off)")
     sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
 
     b = sub.add_parser("bench", help="prefill and decode speed, time to first token, load time, peak RSS")
@@ -299,15 +303,23 @@ def cmd_perplexity(args) -> int:
 
 def cmd_serve(args) -> int:
     import minillm
+    from minillm.default_model import MODEL_NAME
     from minillm.server import serve
 
-    llm = minillm.load(
-        args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights,
-        max_batch=args.max_batch, max_queue=args.max_queue,
-    )
-    name = args.model_name or llm.model_dir.name
-    print(f"minillm serving {name} ({args.dtype}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    serve(llm, name, host=args.host, port=args.port, api_key=args.api_key)
+    def load():
+        return minillm.load(
+            args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights,
+            max_batch=args.max_batch, max_queue=args.max_queue, cache_mb=args.cache_mb,
+        )
+
+    name = args.model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else MODEL_NAME)
+    def ready():
+        print(f"minillm serving {name} ({args.dtype}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+
+    error = serve(load, name, host=args.host, port=args.port, api_key=args.api_key,
+                  shutdown_timeout=args.shutdown_timeout, on_ready=ready)
+    if error is not None:
+        raise error
     return 0
 
 

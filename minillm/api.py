@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from .detokenize import TextStream
 from .model import Model
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .structured import GrammarCompiler
 
 
 class LLM:
@@ -38,8 +41,9 @@ class LLM:
         check_weights: bool = False,
         max_batch: int = 8,
         max_queue: int = 256,
+        cache_mb: float | None = None,
     ):
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue, self.cache_mb = max_batch, max_queue, cache_mb
         if model_dir is None:
             from .default_model import default_model_dir
 
@@ -55,7 +59,7 @@ class LLM:
     @cached_property
     def engine(self) -> Engine:
         """The batching engine thread, started on first use."""
-        return Engine(self.model, max_batch=self.max_batch, max_queue=self.max_queue)
+        return Engine(self.model, max_batch=self.max_batch, max_queue=self.max_queue, cache_mb=self.cache_mb)
 
     @cached_property
     def eos_ids(self) -> tuple[int, ...]:
@@ -64,6 +68,13 @@ class LLM:
     @property
     def config(self):
         return self.model.config
+
+    @cached_property
+    def grammars(self) -> "GrammarCompiler":
+        """Structured output for this model's tokenizer (minillm.structured; needs llguidance)."""
+        from .structured import GrammarCompiler
+
+        return GrammarCompiler(self.model_dir / "tokenizer.json", self.model.config.vocab_size, self.eos_ids)
 
     # ------------------------------------------------------------------ text in, text out
 
@@ -79,6 +90,8 @@ class LLM:
 
         A prompt longer than the context is an error unless `truncate`, which keeps its most
         recent tokens (leaving room for max_tokens, and at least half the context to the prompt).
+        json_schema (a dict) or grammar (GBNF text, or {"type": "lark" | "gbnf" | "regex",
+        "grammar": str}) constrain the text (minillm.structured); logit_bias maps token ids to biases.
         """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self._stream(ids, max_tokens, stop, truncate, sampling)
@@ -96,7 +109,16 @@ class LLM:
         ctx = self.model.ctx
         if truncate and len(ids) > ctx:
             ids = ids[-max(ctx // 2, ctx - max_tokens) :]
-        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids)
+        schema, grammar = sampling.pop("json_schema", None), sampling.pop("grammar", None)
+        constraint = None
+        if schema is not None or grammar is not None:
+            from .structured import response_format_constraint
+
+            response_format = {"type": "json_schema", "json_schema": {"schema": schema}} if schema is not None else None
+            constraint = response_format_constraint(self.grammars, response_format, grammar)
+        if "logit_bias" in sampling:
+            sampling["logit_bias"] = tuple((int(t), float(b)) for t, b in dict(sampling["logit_bias"]).items())
+        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint)
         return TextStream(handle, self.tokenizer, stop)
 
     # ------------------------------------------------------------------ numbers
@@ -106,6 +128,20 @@ class LLM:
         ids = list(tokens)
         self.check_prompt(ids)
         return self.model.forward(ids, self.model.new_cache(), all_logits=True)
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> np.ndarray:
+        """One unit-length float32 vector per input (text or token ids): the mean over its tokens
+        of the final norm's output. Each input runs alone, so a batch equals its inputs one by one."""
+        vectors = []
+        cfg = self.model.config
+        for item in inputs:
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else list(item)
+            self.check_prompt(ids)
+            hidden = np.zeros((cfg.num_hidden_layers + 2, len(ids), cfg.hidden_size), np.float32)
+            self.model.forward(ids, self.model.new_cache(), hidden=hidden)
+            mean = hidden[-1].astype(np.float64).mean(axis=0)
+            vectors.append((mean / max(np.linalg.norm(mean), 1e-12)).astype(np.float32))
+        return np.stack(vectors) if vectors else np.zeros((0, cfg.hidden_size), np.float32)
 
     def check_prompt(self, ids: Sequence[int]) -> None:
         """The engine's prompt check (minillm.engine.check_prompt) for this model."""
@@ -125,6 +161,8 @@ def load(
     dtype: "float32" (default; exact), "bfloat16" or "int8" (blocks of 32 with a scale each).
     check_weights: reject weights containing NaN or Inf (reads every weight once at load).
     max_batch / max_queue: sequences decoded together, and requests allowed to wait.
+    cache_mb: memory for the prefix cache, which lets requests that share a prefix (a chat's
+    earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     """
     return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights, **engine)
 

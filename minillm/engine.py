@@ -25,7 +25,9 @@ import numpy as np
 from .cache import KVPool
 from .errors import ContextLengthError, GenerationError, MiniLLMError
 from .model import Model
+from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
+from .structured import Constraint
 
 
 class QueueFullError(GenerationError):
@@ -80,6 +82,7 @@ class RequestHandle:
         self._cancelled = threading.Event()
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
+        self.cached_tokens = 0  # of them, served from the prefix cache (set before the first event)
         self.generated = 0
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
@@ -138,6 +141,7 @@ class _Request:
     stop_ids: frozenset
     logprobs: int | None
     handle: RequestHandle
+    constraint: Constraint | None = None  # structured output: the grammar the text must follow
 
 
 @dataclass
@@ -156,7 +160,8 @@ class EngineStats:
     finished: int = 0
     errors: int = 0
     rejected: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled (computed)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache instead
     generated_tokens: int = 0
     ttft_sum: float = 0.0
     ttft_count: int = 0
@@ -167,11 +172,17 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64):
+    """cache_mb: the prefix cache's budget (minillm.prefix_cache); None: a default from free
+    memory, 0: no prefix cache."""
+
+    def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64, cache_mb: float | None = None):
         if max_batch < 1 or max_queue < 0:
             raise GenerationError("max_batch must be >= 1 and max_queue >= 0")
+        if cache_mb is not None and not cache_mb >= 0:
+            raise GenerationError(f"the prefix cache budget must be >= 0 MB, got {cache_mb}")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.pool = KVPool(model.config, model.ctx, max_batch)
+        self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)
         self.stats = EngineStats()
         self._pending: deque[_Request] = deque()
         self._active: list[_Sequence] = []
@@ -190,11 +201,13 @@ class Engine:
         logprobs: int | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         fit_max_tokens: bool = False,
+        constraint: Constraint | None = None,
     ) -> RequestHandle:
         """Queue a request; returns its handle at once (deliver its events to `loop` for an
         asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
         prompt plus max_tokens must fit the context, as OpenAI's API asks; otherwise generation
         that fills the context stops with "context". max_tokens None: until the context is full.
+        constraint: a grammar the generated text must follow (minillm.structured).
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx
@@ -205,7 +218,7 @@ class Engine:
             raise GenerationError(f"max_tokens must be >= 1, got {max_tokens}")
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
-        request = _Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle)
+        request = _Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint)
         with self._cond:
             if len(self._pending) >= self.max_queue:
                 self.stats.rejected += 1
@@ -222,6 +235,11 @@ class Engine:
     @property
     def batch_size(self) -> int:
         return len(self._active)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of the batch slots' KV positions the running sequences hold."""
+        return sum(s.cache.length for s in list(self._active)) / (self.max_batch * self.model.ctx)
 
     # ------------------------------------------------------------------ engine thread
 
@@ -258,8 +276,12 @@ class Engine:
         slot, cache = self.pool.acquire()
         seq = _Sequence(request, slot, cache, np.random.default_rng(request.params.seed))
         try:
-            logits = self.model.forward(request.prompt, cache)
-            self.stats.prompt_tokens += len(request.prompt)
+            cached = self.prefix.load(request.prompt, cache)
+            handle.cached_tokens = cached
+            logits = self.model.forward(request.prompt[cached:], cache)
+            self.prefix.store(request.prompt, cache)  # for requests that share this prompt, even now
+            self.stats.prompt_tokens += len(request.prompt) - cached
+            self.stats.cached_tokens += cached
             if self._advance(seq, logits):
                 self._active.append(seq)
         except MiniLLMError as e:
@@ -293,11 +315,17 @@ class Engine:
     def _advance(self, seq: _Sequence, logits: np.ndarray) -> bool:
         """Sample the next token from `logits`, emit it; False when the sequence is done."""
         request, handle = seq.request, seq.request.handle
+        raw = logits
+        if request.constraint is not None:  # logprobs stay the model's, the sample follows the grammar
+            raw = logits.copy() if request.logprobs is not None else logits
+            request.constraint.apply(logits)
         history = request.prompt + seq.generated if request.params.repetition_penalty != 1.0 else ()
         token = sample(logits, request.params, seq.rng, history, seq.generated)
         if token in request.stop_ids:
             return self._end(seq, "stop")
-        event = TokenEvent(token, *_logprobs(logits, token, request.logprobs)) if request.logprobs is not None else TokenEvent(token)
+        if request.constraint is not None:
+            request.constraint.consume(token)
+        event = TokenEvent(token, *_logprobs(raw, token, request.logprobs)) if request.logprobs is not None else TokenEvent(token)
         seq.generated.append(token)
         seq.last = token
         self.stats.generated_tokens += 1
@@ -307,6 +335,8 @@ class Engine:
             self.stats.ttft_sum += handle.first_token_at - handle.submitted
             self.stats.ttft_count += 1
         handle._emit(event)
+        if request.constraint is not None and request.constraint.finished:
+            return self._end(seq, "stop")
         if len(seq.generated) >= request.max_tokens:
             return self._end(seq, "length")
         if seq.cache.length >= seq.cache.ctx:
@@ -320,6 +350,7 @@ class Engine:
         return False
 
     def _end(self, seq: _Sequence, reason: str) -> bool:
+        self.prefix.store(seq.request.prompt + seq.generated, seq.cache)  # the next turn of a chat resends it
         self.pool.release(seq.slot)
         self.stats.finished += 1
         self.stats.latency_sum += time.perf_counter() - seq.request.handle.submitted

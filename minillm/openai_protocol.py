@@ -57,6 +57,9 @@ class SamplingRequest(StrictModel):
     stream: bool = False
     stream_options: dict | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    grammar: str | dict | None = None  # extension: GBNF, or {"type": "lark" | "gbnf" | "regex", "grammar": str}
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -68,7 +71,17 @@ class SamplingRequest(StrictModel):
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=self.seed,
+            logit_bias=self.token_biases(),
         )
+
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        biases = []
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                biases.append((int(key), float(value)))
+            except ValueError:
+                raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        return tuple(biases)
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -114,6 +127,8 @@ class Message(StrictModel):
 
 class ChatRequest(SamplingRequest):
     messages: list[Message] = Field(..., min_length=1)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -129,6 +144,28 @@ class ChatRequest(SamplingRequest):
     def engine_logprobs(self) -> int | None:
         """Alternatives per token the engine reports; None: no logprobs at all."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(StrictModel):
+    """llama.cpp's /tokenize."""
+
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(StrictModel):
+    """llama.cpp's /detokenize."""
+
+    tokens: list[int]
+
+
+class EmbeddingRequest(StrictModel):
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+    dimensions: int | None = None
 
 
 # ------------------------------------------------------------------ response builders
@@ -175,8 +212,21 @@ def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": usage_block}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """Token counts; cached_tokens: prompt tokens served from the prefix cache."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def embedding_list(vectors, model: str, prompt_tokens: int, encoding_format: str) -> dict:
+    """OpenAI's embeddings response; base64: the float32 bytes, little-endian, as OpenAI sends them."""
+    import base64
+
+    def encode(v):
+        return base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding_format == "base64" else [float(x) for x in v]
+
+    return {"object": "list", "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)]}
 
 
 def sse(obj: dict) -> str:

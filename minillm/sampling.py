@@ -1,6 +1,7 @@
 """Sampling: pure functions of (logits, settings, a numpy Generator). Never inside the model.
 
-Order as in transformers and llama.cpp: repetition penalty, temperature, top-k, top-p, min-p.
+Order as in transformers and llama.cpp: logit bias, repetition penalty, temperature, top-k, top-p,
+min-p.
 Temperature 0 is greedy.
 """
 
@@ -28,6 +29,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token, bias in [-100, 100]) added first
 
     def __post_init__(self):
         def bad(field, value, rule):
@@ -51,10 +53,26 @@ class SamplingParams:
                 bad(name, value, "in [-2, 2]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             bad("seed", self.seed, "an integer >= 0")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or token < 0:
+                bad("logit_bias", token, "keyed by token ids >= 0")
+            if not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                bad("logit_bias", bias, "values in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def apply_logit_bias(logits: np.ndarray, bias) -> np.ndarray:
+    """OpenAI's logit_bias: each listed token's logit plus its bias (ids past the vocabulary ignored)."""
+    if not bias:
+        return logits
+    logits = logits.copy()
+    for token, value in bias:
+        if token < len(logits):
+            logits[token] += np.float32(value)
+    return logits
 
 
 def apply_repetition_penalty(logits: np.ndarray, history, penalty: float) -> np.ndarray:
@@ -86,6 +104,7 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
     """
     if np.isnan(logits).any():
         raise GenerationError("the model produced NaN logits; refusing to sample")
+    logits = apply_logit_bias(logits, params.logit_bias)
     logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
     logits = apply_openai_penalties(logits, generated, params.presence_penalty, params.frequency_penalty)
     if params.greedy:

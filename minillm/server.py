@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +27,10 @@ from .api import LLM
 from .detokenize import TextAssembler
 from .engine import QueueFullError, RequestHandle, TokenEvent
 from .errors import ContextLengthError, MiniLLMError
-from .openai_protocol import APIError, ChatRequest, CompletionRequest, SamplingRequest
+from .openai_protocol import (
+    APIError, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SamplingRequest, TokenizeRequest,
+)
+from .structured import StructuredOutputError, response_format_constraint
 
 MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt longer than ctx * this many characters cannot fit
 
@@ -65,6 +68,9 @@ class Generation:
             raise APIError(500, str(e), type="server_error") from None
         return "".join(text), events
 
+    def usage(self, completion_tokens: int) -> dict:
+        return oai.usage(self.prompt_tokens, completion_tokens, self.handle.cached_tokens)
+
     def finish_reason(self) -> str:
         if self.assembler.stopped or self.handle.finish_reason == "stop":
             return "stop"
@@ -81,7 +87,7 @@ class Generation:
                     generated += n_tokens
                     yield oai.sse(obj)
                 if include_usage:
-                    yield oai.sse(oai.usage_chunk(self.id, self.created, self.model, kind, oai.usage(self.prompt_tokens, generated)))
+                    yield oai.sse(oai.usage_chunk(self.id, self.created, self.model, kind, self.usage(generated)))
             except MiniLLMError as e:
                 yield oai.sse(APIError(500, str(e), type="server_error").body())
             yield oai.SSE_DONE
@@ -90,16 +96,31 @@ class Generation:
 
 
 class Service:
-    """What the endpoints share: the model, the API key, counters, and starting a generation."""
+    """What the endpoints share: the model (None while it loads), the API key, counters, and
+    starting a generation."""
 
-    def __init__(self, llm: LLM, model_name: str, api_key: str | None):
-        self.llm, self.model_name, self.api_key = llm, model_name, api_key
-        self.tokenizer = llm.tokenizer
-        self.ctx = llm.model.ctx
+    def __init__(self, llm: LLM | None, model_name: str, api_key: str | None):
+        self.model_name, self.api_key = model_name, api_key
+        self.llm: LLM | None = None
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
+        if llm is not None:
+            self.attach(llm)
+
+    def attach(self, llm: LLM) -> None:
+        """The model is loaded: start its engine and serve."""
+        llm.engine  # noqa: B018 - starts the engine thread
+        self.tokenizer = llm.tokenizer
+        self.ctx = llm.model.ctx
+        self.llm = llm
+
+    def require_ready(self) -> None:
+        if self.llm is None:
+            raise APIError(503, "the model is still loading", type="service_unavailable", code="model_loading")
 
     def authorize(self, request: Request) -> None:
+        """The API key if one is set, and a loaded model (503 before)."""
+        self.require_ready()
         if self.api_key is not None and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
             raise APIError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
 
@@ -117,12 +138,15 @@ class Service:
         assembler = TextAssembler(self.tokenizer, body.stops())
         try:
             params = body.sampling()
+            constraint = response_format_constraint(self.llm.grammars, body.response_format, body.grammar)
+        except StructuredOutputError as e:
+            raise APIError(400, str(e), param=e.param) from None
         except MiniLLMError as e:
             raise APIError(400, str(e)) from None
         try:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
-                body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True,
+                body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True, constraint=constraint,
             )
         except QueueFullError as e:
             raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
@@ -140,7 +164,8 @@ class Service:
             ("minillm_requests_finished_total", "counter", "Requests that finished", s.finished),
             ("minillm_request_errors_total", "counter", "Requests rejected or failed", self.errors + s.errors),
             ("minillm_requests_rejected_queue_full_total", "counter", "Requests refused with 429", s.rejected),
-            ("minillm_prompt_tokens_total", "counter", "Prompt tokens prefilled", s.prompt_tokens),
+            ("minillm_prompt_tokens_total", "counter", "Prompt tokens prefilled (computed)", s.prompt_tokens),
+            ("minillm_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache", s.cached_tokens),
             ("minillm_generated_tokens_total", "counter", "Tokens generated", s.generated_tokens),
             ("minillm_decode_steps_total", "counter", "Batched decode steps", s.steps),
             ("minillm_queue_depth", "gauge", "Requests waiting for a slot", engine.queue_depth),
@@ -149,17 +174,27 @@ class Service:
             ("minillm_time_to_first_token_seconds_count", "counter", "Requests with a first token", s.ttft_count),
             ("minillm_request_latency_seconds_sum", "counter", "Sum of request latencies", s.latency_sum),
             ("minillm_request_latency_seconds_count", "counter", "Requests finished", s.latency_count),
+            # vLLM's names and meanings, for routers and autoscalers
+            ("minillm:num_requests_waiting", "gauge", "Requests waiting for a batch slot", engine.queue_depth),
+            ("minillm:num_requests_running", "gauge", "Requests in the running batch", engine.batch_size),
+            ("minillm:kv_cache_usage_perc", "gauge", "Fraction of the batch slots' KV positions in use", engine.kv_cache_usage),
+            ("minillm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache", engine.prefix.queries),
+            ("minillm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache", engine.prefix.hits),
+            ("minillm:prefix_cache_blocks", "gauge", "Blocks held by the prefix cache", engine.prefix.blocks_used),
         ]
         return "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in lines)
 
 
-def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app; with llm None it answers 503 until app.state.service.attach(llm)."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
-    service = Service(llm, model_name, api_key)
+    service = app.state.service = Service(llm, model_name, api_key)
     _add_error_handlers(app, service)
 
     @app.get("/health")
     async def health():
+        if service.llm is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -169,6 +204,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
     @app.get("/metrics")
     async def metrics():
+        service.require_ready()
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
@@ -177,6 +213,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
         if isinstance(body.prompt, str):
             service.check_prompt_text(body.prompt)
         prompt_ids = service.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        if body.echo and body.logprobs is not None:
+            raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
+        echoed = (body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt_ids)) if body.echo else ""
         gen = service.start(prompt_ids, body, "cmpl")
 
         def chunk(text: str, reason: str | None, events: list[TokenEvent]) -> dict:
@@ -185,16 +224,55 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
 
         if body.stream:
             async def chunks():
+                if echoed:
+                    yield chunk(echoed, None, []), 0
                 async for text, events, final in gen.pieces():
                     yield chunk(text, gen.finish_reason() if final else None, events), len(events)
 
             return gen.sse_response(chunks(), "text_completion", body.include_usage)
         text, events = await gen.collect()
-        return dict(chunk(text, gen.finish_reason(), events), usage=oai.usage(gen.prompt_tokens, len(events)))
+        return dict(chunk(echoed + text, gen.finish_reason(), events), usage=gen.usage(len(events)))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, request: Request):
+        service.authorize(request)
+        service.check_prompt_text(body.content)
+        ids = service.tokenizer.encode(body.content, add_special_tokens=body.add_special)
+        if body.with_pieces:
+            return {"tokens": [{"id": t, "piece": service.token_text(t)} for t in ids]}
+        return {"tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        service.authorize(request)
+        vocab = service.llm.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        return {"content": service.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        service.authorize(request)
+        items = body.input if isinstance(body.input, list) and body.input and not isinstance(body.input[0], int) else [body.input]
+        if not items or any(isinstance(i, str) and not i for i in items):
+            raise APIError(400, "input must be non-empty text or token ids", param="input")
+        for item in items:
+            if isinstance(item, str):
+                service.check_prompt_text(item)
+        try:  # the model's lock keeps this off the engine's parallel regions; a thread keeps the loop free
+            vectors = await asyncio.to_thread(service.llm.embed, items)
+        except ContextLengthError as e:
+            raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param="input") from None
+        tokens = sum(len(service.tokenizer.encode(i)) if isinstance(i, str) else len(i) for i in items)
+        return oai.embedding_list(vectors, model_name, tokens, body.encoding_format)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         service.authorize(request)
+        if body.tools and body.tool_choice != "none":  # never silently ignored
+            raise APIError(400, "tool calls are not supported by this server yet; send tool_choice \"none\" or no tools", param="tools")
         messages = body.chat_messages()
         service.check_prompt_text("".join(m["content"] for m in messages))
         try:
@@ -215,7 +293,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
             return gen.sse_response(chunks(), "chat.completion.chunk", body.include_usage)
         text, events = await gen.collect()
         reply = oai.chat_completion(gen.id, gen.created, model_name, text, gen.finish_reason(), logprobs(events))
-        return dict(reply, usage=oai.usage(gen.prompt_tokens, len(events)))
+        return dict(reply, usage=gen.usage(len(events)))
 
     return app
 
@@ -251,8 +329,29 @@ def _add_error_handlers(app: FastAPI, service: Service) -> None:
         return respond(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
-def serve(llm: LLM, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+def serve(load: Callable[[], LLM], model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None, shutdown_timeout: float = 30.0, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
+    """Serve at once, answering 503 (and /health "loading") while `load()` runs in a thread; on
+    SIGTERM or Ctrl-C stop accepting and let running requests finish for up to shutdown_timeout
+    seconds. Returns the error that stopped loading, if any."""
+    import threading
+
     import uvicorn
 
-    llm.engine  # start the engine thread before the first request
-    uvicorn.run(create_app(llm, model_name, api_key), host=host, port=port, log_level="warning")
+    app = create_app(None, model_name, api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=shutdown_timeout))
+    failed: list[MiniLLMError] = []
+
+    def load_model():
+        try:
+            app.state.service.attach(load())
+            if on_ready is not None:
+                on_ready()
+        except MiniLLMError as e:
+            failed.append(e)
+            server.should_exit = True
+
+    threading.Thread(target=load_model, name="minillm-load", daemon=True).start()
+    server.run()
+    return failed[0] if failed else None

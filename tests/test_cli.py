@@ -152,3 +152,11 @@ def test_chat_one_turn(default_model_dir):
 def test_engine_imports_no_torch():
     code = "import sys, cli, minillm, kernels, minillm.gguf_import; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_serve_with_a_broken_model_is_one_line(broken):
+    config = json.loads((broken / "config.json").read_text())
+    config["architectures"] = ["GPTNeoXForCausalLM"]
+    (broken / "config.json").write_text(json.dumps(config))
+    result = run("serve", "--model", str(broken), "--port", "0", timeout=120)
+    assert_one_line_error(result, "architectures")

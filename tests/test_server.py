@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, driven by the official `openai` client over loopback."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -24,6 +25,17 @@ def llm(default_model_dir):
     return minillm.load(default_model_dir, ctx=1024, max_batch=8, max_queue=256)
 
 
+def wait_until_healthy(base: str, seconds: float) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def server(llm):
     import uvicorn
@@ -36,13 +48,7 @@ def server(llm):
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_until_healthy(base, 30)
     yield base
     srv.should_exit = True
     thread.join(timeout=10)
@@ -266,3 +272,186 @@ def test_two_python_threads_do_not_mix(llm):
     for t in threads:
         t.join(timeout=300)
     assert results == {0: [alone[0]] * 3, 1: [alone[1]] * 3}
+
+
+# ------------------------------------------------------------------ prefix cache
+
+
+def _metric(server, name: str) -> float:
+    for line in httpx.get(server + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_chat_turns_reuse_the_history_and_report_cached_tokens(server, client):
+    """Each turn resends the conversation: the later turns find it in the prefix cache, say so in
+    usage (streamed too), and answer exactly as the engine without a cache would."""
+    system = "You are a terse assistant. " + " ".join(f"Rule {i}: answer in plain words." for i in range(40))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
+    first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 or first.usage.prompt_tokens > 300
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And another?"}]
+    hits_before = _metric(server, "minillm:prefix_cache_hits_total")
+    second = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 32 and cached < second.usage.prompt_tokens
+    assert _metric(server, "minillm:prefix_cache_hits_total") - hits_before == cached
+    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= cached
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == second.choices[0].message.content
+    for gauge in ("minillm:num_requests_waiting", "minillm:num_requests_running", "minillm:kv_cache_usage_perc"):
+        assert _metric(server, gauge) >= 0
+
+
+# ------------------------------------------------------------------ loading and shutdown
+
+
+def test_loading_answers_503_then_serves(llm):
+    """Before the model is attached: /health and every endpoint say 503; after, they serve."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(None, "smollm2", API_KEY)
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 503 and http.get("/health").json() == {"status": "loading"}
+        refused = http.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading"
+        app.state.service.attach(llm)
+        assert http.get("/health").json() == {"status": "ok"}
+        assert http.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_sigterm_lets_a_running_stream_finish(default_model_dir):
+    """`cli.py serve` on SIGTERM stops accepting but finishes the stream in flight, then exits."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--model", str(default_model_dir),
+                             "--port", str(port), "--ctx", "512"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(base, 120)
+        body = {"prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True, "stream": True, "temperature": 0}
+        events = []
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:
+                        proc.send_signal(signal.SIGTERM)
+        assert events[-1] == "[DONE]"
+        assert sum(len(json.loads(e)["choices"]) for e in events[:-1]) >= 40  # every piece arrived
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------ structured output and more endpoints
+
+SCHEMAS = {
+    "nested": {"type": "object", "required": ["name", "address"], "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "address": {"type": "object", "required": ["city", "zip"], "properties": {
+            "city": {"type": "string", "maxLength": 30}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}}}}},
+    "enums": {"type": "object", "required": ["color", "size"], "properties": {
+        "color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M", "L"]}}},
+    "numbers": {"type": "object", "required": ["values"], "properties": {
+        "values": {"type": "array", "minItems": 1, "maxItems": 5, "items": {"type": "number", "minimum": 0, "maximum": 100}}}},
+}
+
+
+def test_json_schema_replies_always_validate(client):
+    """20 requests over 3 schemas, greedy and sampled, streamed and not: every reply parses and
+    validates."""
+    import jsonschema
+
+    names = list(SCHEMAS)
+    for i in range(20):
+        schema = SCHEMAS[names[i % 3]]
+        kwargs = dict(model="smollm2", max_tokens=160, temperature=0 if i % 2 else 0.9, seed=i,
+                      messages=[{"role": "user", "content": f"Give me example {i} as JSON."}],
+                      response_format={"type": "json_schema", "json_schema": {"name": names[i % 3], "schema": schema, "strict": True}})
+        if i % 4 < 2:
+            text = client.chat.completions.create(**kwargs).choices[0].message.content
+        else:
+            text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_and_grammar_extension(client):
+    reply = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": 'Reply with the JSON object {"ok": true}.'}],
+                                           max_tokens=200, temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    regex = client.completions.create(model="smollm2", prompt="My phone number is", max_tokens=20, temperature=0,
+                                      extra_body={"grammar": {"type": "regex", "grammar": r"[0-9]{3}-[0-9]{4}"}})
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", regex.choices[0].text)
+    gbnf = client.completions.create(model="smollm2", prompt="Answer yes or no:", max_tokens=5, temperature=0,
+                                     extra_body={"grammar": 'root ::= " yes" | " no"'})
+    assert gbnf.choices[0].text in (" yes", " no")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}}, "response_format.json_schema.schema"),
+    ({"grammar": {"type": "lark", "grammar": "start: (("}}, "grammar.grammar"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+])
+def test_fields_that_cannot_be_honoured_are_400(server, body, param):
+    payload = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
+    response = httpx.post(server + "/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_logit_bias_and_echo(client, llm):
+    banned = llm.tokenizer.encode(" Paris")[0]
+    plain = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3, temperature=0)
+    biased = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3, temperature=0,
+                                       logit_bias={str(banned): -100})
+    assert plain.choices[0].text.startswith(" Paris") and not biased.choices[0].text.startswith(" Paris")
+    echoed = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The capital of France is" + plain.choices[0].text
+
+
+def test_tokenize_detokenize_round_trip(server):
+    import random
+
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz ABCDEFG0123456789.,;:!?'\"\n\té€日本😀-_()[]{}<>/"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    for _ in range(100):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        tokens = httpx.post(server + "/tokenize", json={"content": text}, headers=headers).json()["tokens"]
+        assert httpx.post(server + "/detokenize", json={"tokens": tokens}, headers=headers).json() == {"content": text}
+    pieces = httpx.post(server + "/tokenize", json={"content": "Hello world", "with_pieces": True}, headers=headers).json()
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello world"
+
+
+def test_embeddings_of_a_batch_equal_each_alone(client):
+    import base64
+
+    import numpy as np
+
+    texts = ["The lighthouse keeper", "A storm at sea", "Bread and butter"]
+    batch = client.embeddings.create(model="smollm2", input=texts).data
+    for text, item in zip(texts, batch):
+        alone = client.embeddings.create(model="smollm2", input=text).data[0].embedding
+        assert item.embedding == alone
+        assert abs(np.linalg.norm(alone) - 1) < 1e-5
+    raw = client.embeddings.create(model="smollm2", input=texts[:1], encoding_format="base64")
+    vector = raw.data[0].embedding
+    if isinstance(vector, str):  # the client may hand base64 through or decode it
+        vector = np.frombuffer(base64.b64decode(vector), "<f4").tolist()
+    assert np.allclose(vector, batch[0].embedding, atol=0)
