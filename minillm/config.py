@@ -150,8 +150,7 @@ class ModelConfig:
             )
         arch = archs[0]
 
-        gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-        gemma3 = arch == "Gemma3ForCausalLM"
+        gemma, gemma3 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"), arch == "Gemma3ForCausalLM"
         act_field = "hidden_activation" if gemma else "hidden_act"
         act = raw.get(act_field, "gelu_pytorch_tanh" if gemma else "silu")
         if act not in ("silu", "gelu_pytorch_tanh"):
@@ -217,15 +216,7 @@ class ModelConfig:
             rope_layers=rope_layers,
             local_rope=local_rope,
             hidden_act=act,
-            norm_placement=NORM_PLACEMENT.get(arch, "pre"),
-            norm_offset=gemma,
-            qk_norm=QK_NORM.get(arch),
-            fused_projections=arch == "Phi3ForCausalLM",
-            embed_scale=hidden**0.5 if gemma else 1.0,
-            query_pre_attn_scalar=fields.number("query_pre_attn_scalar", default=256) if gemma else None,
-            # Gemma 3 keeps attn_logit_softcapping in its config but transformers never applies it
-            attn_logit_softcapping=fields.optional_positive("attn_logit_softcapping", 50.0) if arch == "Gemma2ForCausalLM" else None,
-            final_logit_softcapping=fields.optional_positive("final_logit_softcapping", None if gemma3 else 30.0) if gemma else None,
+            **_variant(arch, fields, hidden),
         )
 
 
@@ -250,12 +241,12 @@ class _Fields:
         return float(value)
 
     def optional_positive(self, name: str, default: float | None = None) -> float | None:
-        value = self.raw.get(name, default)
-        if value is None:
+        if self.raw.get(name, default) is None:
             return None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        value = self.number(name, default)
+        if value <= 0:
             raise ConfigError(f"{self.source}: field '{name}' must be a positive number or null, got {value!r}")
-        return float(value)
+        return value
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.raw.get(name, default)
@@ -341,6 +332,22 @@ def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_th
     return float(theta), RopeScaling(
         "longrope", factor=factor, original_max_position_embeddings=original,
         attention_factor=num("attention_factor", optional=True), **factors,
+    )
+
+
+def _variant(arch: str, fields: "_Fields", hidden: int) -> dict:
+    """The ModelConfig fields where architectures differ from Llama, as transformers sets them."""
+    gemma, gemma3 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"), arch == "Gemma3ForCausalLM"
+    return dict(
+        norm_placement=NORM_PLACEMENT.get(arch, "pre"),
+        norm_offset=gemma,
+        qk_norm=QK_NORM.get(arch),
+        fused_projections=arch == "Phi3ForCausalLM",
+        embed_scale=hidden**0.5 if gemma else 1.0,
+        query_pre_attn_scalar=fields.number("query_pre_attn_scalar", default=256) if gemma else None,
+        # Gemma 3 keeps attn_logit_softcapping in its config but transformers never applies it
+        attn_logit_softcapping=fields.optional_positive("attn_logit_softcapping", 50.0) if arch == "Gemma2ForCausalLM" else None,
+        final_logit_softcapping=fields.optional_positive("final_logit_softcapping", None if gemma3 else 30.0) if gemma else None,
     )
 
 

@@ -118,6 +118,9 @@ class TextPart(StrictModel):
 class Message(StrictModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[TextPart], None] = None
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result's call
+    name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -133,8 +136,18 @@ class ChatRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
+    parallel_tool_calls: bool = True
+
     def chat_messages(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        """Messages as chat templates take them (tool calls and results kept)."""
+        out = []
+        for m in self.messages:
+            message = {"role": m.role, "content": None if m.tool_calls and m.content is None else m.text()}
+            for key in ("tool_calls", "tool_call_id", "name"):
+                if getattr(m, key) is not None:
+                    message[key] = getattr(m, key)
+            out.append(message)
+        return out
 
     @property
     def token_budget(self) -> int | None:
@@ -201,10 +214,13 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: s
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish_reason: str, logprobs: dict | None) -> dict:
+def chat_completion(rid: str, created: int, model: str, text: str | None, finish_reason: str, logprobs: dict | None,
+                    tool_calls: list[dict] | None = None) -> dict:
+    message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish_reason, "logprobs": logprobs}]}
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}]}
 
 
 def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict) -> dict:

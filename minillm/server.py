@@ -31,6 +31,7 @@ from .openai_protocol import (
     APIError, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SamplingRequest, TokenizeRequest,
 )
 from .structured import StructuredOutputError, response_format_constraint
+from .tools import call_grammar, check_tools, forced_names, parse_tool_calls, template_format, template_messages
 
 MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt longer than ctx * this many characters cannot fit
 
@@ -95,6 +96,35 @@ class Generation:
         return StreamingResponse(events_out(), media_type="text/event-stream")
 
 
+class ChatTools:
+    """A chat request's tools: what the template gets, the grammar a forced call follows, and
+    reading calls back from the reply (minillm.tools). A template without tools is a 400."""
+
+    def __init__(self, service: "Service", body: ChatRequest):
+        self.active = bool(body.tools) and body.tool_choice != "none"
+        self.template_tools, self.grammar, self.functions = None, None, {}
+        if not body.tools:
+            if body.tool_choice not in (None, "none", "auto"):
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return
+        tokenizer = service.tokenizer
+        if not tokenizer.supports_tools:
+            raise APIError(400, "this model's chat template does not take tools", param="tools")
+        try:
+            self.functions = check_tools(body.tools)
+            self.format = template_format(tokenizer.chat_template)
+            forced = forced_names(self.functions, body.tool_choice)
+        except StructuredOutputError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        if self.active:
+            self.template_tools = body.tools
+            if forced is not None:
+                self.grammar = call_grammar(self.functions, forced, self.format)
+
+    def parse(self, text: str):
+        return parse_tool_calls(text, self.format, self.functions)
+
+
 class Service:
     """What the endpoints share: the model (None while it loads), the API key, counters, and
     starting a generation."""
@@ -132,13 +162,18 @@ class Service:
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
-    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str) -> Generation:
+    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None) -> Generation:
         """Submit to the engine, which checks the prompt; its errors become 400, 429 or the
-        context_length_exceeded 400."""
+        context_length_exceeded 400. tool_grammar: a Lark grammar forcing a tool call."""
         assembler = TextAssembler(self.tokenizer, body.stops())
         try:
             params = body.sampling()
-            constraint = response_format_constraint(self.llm.grammars, body.response_format, body.grammar)
+            if tool_grammar is not None and (body.response_format or body.grammar):
+                raise StructuredOutputError("a forced tool call cannot also follow response_format or grammar", "tool_choice")
+            if tool_grammar is not None:
+                constraint = self.llm.grammars.lark(tool_grammar, "tools")
+            else:
+                constraint = response_format_constraint(self.llm.grammars, body.response_format, body.grammar)
         except StructuredOutputError as e:
             raise APIError(400, str(e), param=e.param) from None
         except MiniLLMError as e:
@@ -190,6 +225,15 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> 
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
     service = app.state.service = Service(llm, model_name, api_key)
     _add_error_handlers(app, service)
+    _add_service_routes(app, service)
+    _add_completion_routes(app, service)
+    _add_chat_route(app, service)
+    return app
+
+
+def _add_service_routes(app: FastAPI, service: Service) -> None:
+    """Health, models, metrics, tokenize/detokenize and embeddings."""
+    model_name = service.model_name
 
     @app.get("/health")
     async def health():
@@ -206,32 +250,6 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> 
     async def metrics():
         service.require_ready()
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        service.authorize(request)
-        if isinstance(body.prompt, str):
-            service.check_prompt_text(body.prompt)
-        prompt_ids = service.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
-        echoed = (body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt_ids)) if body.echo else ""
-        gen = service.start(prompt_ids, body, "cmpl")
-
-        def chunk(text: str, reason: str | None, events: list[TokenEvent]) -> dict:
-            logprobs = None if body.logprobs is None else oai.completion_logprobs(events, service.token_text)
-            return oai.completion_object(gen.id, gen.created, model_name, text, reason, logprobs)
-
-        if body.stream:
-            async def chunks():
-                if echoed:
-                    yield chunk(echoed, None, []), 0
-                async for text, events, final in gen.pieces():
-                    yield chunk(text, gen.finish_reason() if final else None, events), len(events)
-
-            return gen.sse_response(chunks(), "text_completion", body.include_usage)
-        text, events = await gen.collect()
-        return dict(chunk(echoed + text, gen.finish_reason(), events), usage=gen.usage(len(events)))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request):
@@ -268,34 +286,74 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> 
         tokens = sum(len(service.tokenizer.encode(i)) if isinstance(i, str) else len(i) for i in items)
         return oai.embedding_list(vectors, model_name, tokens, body.encoding_format)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+
+def _add_completion_routes(app: FastAPI, service: Service) -> None:
+    model_name = service.model_name
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
         service.authorize(request)
-        if body.tools and body.tool_choice != "none":  # never silently ignored
-            raise APIError(400, "tool calls are not supported by this server yet; send tool_choice \"none\" or no tools", param="tools")
-        messages = body.chat_messages()
-        service.check_prompt_text("".join(m["content"] for m in messages))
-        try:
-            prompt_ids = service.tokenizer.encode_chat(messages)
-        except MiniLLMError as e:
-            raise APIError(400, str(e), param="messages") from None
-        gen = service.start(prompt_ids, body, "chatcmpl")
-        logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
+        if isinstance(body.prompt, str):
+            service.check_prompt_text(body.prompt)
+        prompt_ids = service.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        if body.echo and body.logprobs is not None:
+            raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
+        echoed = (body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt_ids)) if body.echo else ""
+        gen = service.start(prompt_ids, body, "cmpl")
+
+        def chunk(text: str, reason: str | None, events: list[TokenEvent]) -> dict:
+            logprobs = None if body.logprobs is None else oai.completion_logprobs(events, service.token_text)
+            return oai.completion_object(gen.id, gen.created, model_name, text, reason, logprobs)
 
         if body.stream:
             async def chunks():
-                yield oai.chat_chunk(gen.id, gen.created, model_name, {"role": "assistant", "content": ""}, None, logprobs([])), 0
+                if echoed:
+                    yield chunk(echoed, None, []), 0
+                async for text, events, final in gen.pieces():
+                    yield chunk(text, gen.finish_reason() if final else None, events), len(events)
+
+            return gen.sse_response(chunks(), "text_completion", body.include_usage)
+        text, events = await gen.collect()
+        return dict(chunk(echoed + text, gen.finish_reason(), events), usage=gen.usage(len(events)))
+
+def _add_chat_route(app: FastAPI, service: Service) -> None:
+    model_name = service.model_name
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        service.authorize(request)
+        messages = body.chat_messages()
+        service.check_prompt_text("".join(m["content"] or "" for m in messages))
+        tools = ChatTools(service, body)
+        try:
+            prompt_ids = service.tokenizer.encode_chat(template_messages(messages), tools=tools.template_tools)
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param="messages") from None
+        gen = service.start(prompt_ids, body, "chatcmpl", tools.grammar)
+        logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
+
+        def chunk(delta: dict, reason: str | None, events: list[TokenEvent]) -> tuple[dict, int]:
+            return oai.chat_chunk(gen.id, gen.created, model_name, delta, reason, logprobs(events)), len(events)
+
+        if body.stream:
+            async def chunks():
+                yield chunk({"role": "assistant", "content": ""}, None, [])
+                if tools.active:  # calls are read from the whole reply: it comes at the end
+                    text, events = await gen.collect()
+                    content, calls = tools.parse(text)
+                    delta = {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]} if calls else {"content": content or ""}
+                    yield chunk(delta, "tool_calls" if calls else gen.finish_reason(), events)
+                    return
                 async for text, events, final in gen.pieces():
                     if text or final:
-                        delta = {"content": text} if text else {}
-                        yield oai.chat_chunk(gen.id, gen.created, model_name, delta, gen.finish_reason() if final else None, logprobs(events)), len(events)
+                        yield chunk({"content": text} if text else {}, gen.finish_reason() if final else None, events)
 
             return gen.sse_response(chunks(), "chat.completion.chunk", body.include_usage)
         text, events = await gen.collect()
-        reply = oai.chat_completion(gen.id, gen.created, model_name, text, gen.finish_reason(), logprobs(events))
+        content, calls = tools.parse(text) if tools.active else (text, [])
+        reply = oai.chat_completion(gen.id, gen.created, model_name, content, "tool_calls" if calls else gen.finish_reason(),
+                                    logprobs(events), [c.openai() for c in calls])
         return dict(reply, usage=gen.usage(len(events)))
-
-    return app
 
 
 def _add_error_handlers(app: FastAPI, service: Service) -> None:

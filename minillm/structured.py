@@ -3,7 +3,8 @@
 A request may ask for JSON (any object, or one that follows a JSON schema), or text that follows a
 grammar (Lark, llama.cpp's GBNF, or a regular expression). llguidance keeps a parser per request
 and computes, for each step, the bitmask of tokens that keep the text inside the grammar (about
-25 us at SmolLM2's 49,152 tokens); the sampler sets the others to -inf. Why llguidance: it has no
+25 us at SmolLM2's 49,152 tokens; with unpacking and applying it, 0.4 ms); the sampler sets the others
+to -inf. Why llguidance: it has no
 dependencies (a 3 MB wheel), takes JSON schema, Lark, GBNF and regex, and builds its mask from the
 tokenizer lazily (no per-schema index to build); xgrammar requires torch and transformers, and
 outlines-core builds an index per schema, seconds for nested ones.
@@ -146,25 +147,25 @@ def response_format_constraint(compiler: GrammarCompiler, response_format: dict 
             except ValueError:
                 raise StructuredOutputError("response_format.json_schema.schema is not valid JSON", "response_format.json_schema.schema") from None
         if spec.get("strict"):
-            schema = _strict(schema)
+            schema = strict_schema(schema)
         return compiler.json_schema(schema, "response_format.json_schema.schema")
     raise StructuredOutputError(f"response_format.type {kind!r} is not one of text, json_object, json_schema", "response_format.type")
 
 
-def _strict(schema):
+def strict_schema(schema):
     """OpenAI's strict mode: no object takes properties its schema does not list (unless it says so)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in ("properties", "$defs", "definitions"):  # maps of subschemas
         if isinstance(out.get(key), dict):
-            out[key] = {name: _strict(sub) for name, sub in out[key].items()}
+            out[key] = {name: strict_schema(sub) for name, sub in out[key].items()}
     for key in ("items", "additionalProperties", "not"):  # one subschema
         if isinstance(out.get(key), dict):
-            out[key] = _strict(out[key])
+            out[key] = strict_schema(out[key])
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):  # lists of subschemas
         if isinstance(out.get(key), list):
-            out[key] = [_strict(sub) for sub in out[key]]
+            out[key] = [strict_schema(sub) for sub in out[key]]
     if out.get("type") == "object" or "properties" in schema:
         out.setdefault("additionalProperties", False)
     return out

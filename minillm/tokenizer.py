@@ -49,13 +49,21 @@ class Tokenizer:
     def token_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render `messages` with the model's template in Jinja's immutable sandbox."""
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list (as transformers passes it)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """Render `messages` (and `tools`, for templates that take them) with the model's template
+        in Jinja's immutable sandbox."""
         if not self.chat_template:
             raise TokenizerError("this model has no chat template (tokenizer_config.json: 'chat_template')")
         for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise TokenizerError("each chat message needs a string 'role' and 'content'")
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise TokenizerError("each chat message needs a string 'role'")
+            if not isinstance(m.get("content"), str) and not (m.get("content") is None and m.get("tool_calls")):
+                raise TokenizerError("each chat message needs a string 'content' (or tool_calls)")
         template = _compile_template(self.chat_template)
         from jinja2.exceptions import SecurityError, TemplateError as JinjaError
 
@@ -63,6 +71,7 @@ class Tokenizer:
             return template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
@@ -73,9 +82,9 @@ class Tokenizer:
         except Exception as e:  # a template can raise anything a filter raises
             raise TokenizerError(f"chat template failed: {type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
         # The template writes any BOS itself: encoding without special tokens avoids a double BOS.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
 
 
 def _compile_template(source: str):

@@ -1,0 +1,145 @@
+"""Tool calling: tools go into the model's chat template as transformers passes them, and the reply
+is read back as OpenAI tool calls in the format that template teaches the model.
+
+Formats, chosen from the template's own text:
+    hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more (Hermes, Qwen 2.5/3, SmolLM3)
+    mistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+    llama3   {"name": ..., "parameters": {...}}, the whole reply (Llama 3.1+, optionally after <|python_tag|>)
+tool_choice "required" or a named function constrains the reply to one such call whose arguments
+follow the function's JSON schema (a Lark grammar with an embedded JSON schema, minillm.structured),
+so they always parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from .structured import StructuredOutputError, strict_schema
+
+FORMATS = ("hermes", "mistral", "llama3")
+
+
+def template_format(template: str) -> str:
+    """The tool-call format a chat template teaches."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    return "llama3"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict
+    id: str = ""
+
+    def __post_init__(self):
+        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
+
+    def openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+        return call if index is None else dict(call, index=index)
+
+
+def check_tools(tools: list[dict]) -> dict[str, dict]:
+    """{name: parameters schema} of OpenAI `tools`; StructuredOutputError naming the field if malformed."""
+    functions = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise StructuredOutputError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", f"tools[{i}]")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise StructuredOutputError(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+        functions[fn["name"]] = params
+    return functions
+
+
+def forced_names(functions: dict[str, dict], tool_choice) -> list[str] | None:
+    """The functions a reply must call (tool_choice "required" or a named one); None: free ("auto")."""
+    if tool_choice in (None, "auto", "none"):
+        return None
+    if tool_choice == "required":
+        return list(functions)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if name not in functions:
+        raise StructuredOutputError(f"tool_choice names no function of tools: {tool_choice!r}", "tool_choice")
+    return [name]
+
+
+def call_grammar(functions: dict[str, dict], names: list[str], fmt: str) -> str:
+    """A Lark grammar (llguidance) for exactly one call of one of `names`, in the format `fmt`."""
+    key = "parameters" if fmt == "llama3" else "arguments"
+    # arguments as OpenAI's strict mode reads a schema (no unlisted properties), so the call ends
+    options = [{"type": "object", "additionalProperties": False, "required": ["name", key],
+                "properties": {"name": {"const": name}, key: strict_schema(functions[name])}} for name in names]
+    call = "%json " + json.dumps({"anyOf": options, "x-guidance": {"whitespace_flexible": False}})
+    start = {"hermes": '"<tool_call>\\n" call "\\n</tool_call>"', "mistral": '"[TOOL_CALLS] [" call "]"', "llama3": "call"}[fmt]
+    return f"start: {start}\ncall: {call}\n"
+
+
+def parse_tool_calls(text: str, fmt: str, functions: dict[str, dict]) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a reply: the calls it makes in `fmt`, and the text outside them (None
+    when there is none). Text that does not parse as calls of known functions stays content."""
+    calls: list[ToolCall] = []
+    if fmt == "hermes":
+        rest = text
+        for match in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S):
+            call = _call(match.group(1), "arguments", functions)
+            if call is not None:
+                calls.append(call)
+                rest = rest.replace(match.group(0), "", 1)
+        content = rest.strip()
+    elif fmt == "mistral":
+        head, marker, tail = text.partition("[TOOL_CALLS]")
+        items = _json(tail) if marker else None
+        for item in items if isinstance(items, list) else []:
+            call = _call(item, "arguments", functions)
+            if call is not None:
+                calls.append(call)
+        content = head.strip() if calls else text.strip()
+    else:
+        body = text.split("<|python_tag|>", 1)[-1].strip()
+        call = _call(body, "parameters", functions)
+        calls = [call] if call is not None else []
+        content = "" if calls else text.strip()
+    return (content or None), calls
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _call(item, key: str, functions: dict[str, dict]) -> ToolCall | None:
+    data = _json(item) if isinstance(item, str) else item
+    if not isinstance(data, dict) or data.get("name") not in functions:
+        return None
+    arguments = data.get(key, data.get("arguments", data.get("parameters", {})))
+    if isinstance(arguments, str):
+        arguments = _json(arguments)
+    return ToolCall(data["name"], arguments) if isinstance(arguments, dict) else None
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI chat messages as chat templates read them: assistant tool calls with their arguments
+    as objects (transformers' convention), tool results with their call id."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = dict(c.get("function", {}))
+                if isinstance(fn.get("arguments"), str):
+                    fn["arguments"] = _json(fn["arguments"]) or {}
+                calls.append(dict(c, function=fn))
+            m["tool_calls"] = calls
+        out.append(m)
+    return out

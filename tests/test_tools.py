@@ -1,0 +1,129 @@
+"""Tool calling through the server and the official openai client, on the default model's weights
+with a Hermes-style (Qwen 2.5-like) chat template that takes tools."""
+
+import json
+import shutil
+import socket
+import threading
+import time
+
+import jsonschema
+import openai
+import pytest
+
+import minillm
+from minillm.server import create_app
+from minillm.tools import ToolCall, call_grammar, parse_tool_calls, template_format
+
+TEMPLATE = """{%- if tools %}<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}
+
+# Tools
+You may call one or more functions. Function signatures within <tools></tools>:
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools>
+For each call, return a JSON object with the function name and arguments within <tool_call></tool_call> tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}{% if message.role == 'system' %}{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+WEATHER = {"type": "object", "required": ["city", "unit"], "properties": {
+    "city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+STOCK = {"type": "object", "required": ["symbol"], "properties": {"symbol": {"type": "string", "pattern": "^[A-Z]{1,5}$"}}}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_stock_price", "description": "A stock's price", "parameters": STOCK}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_stock_price": STOCK}
+
+
+@pytest.fixture(scope="module")
+def client(default_model_dir, tmp_path_factory):
+    import uvicorn
+
+    model_dir = tmp_path_factory.mktemp("tool-model") / "model"
+    shutil.copytree(default_model_dir, model_dir)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    llm = minillm.load(model_dir, ctx=1024)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(llm, "tools"), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    server.should_exit = True
+
+
+def test_required_tool_calls_always_validate(client):
+    questions = ["What is the weather in Paris?", "How is Apple stock doing?", "Weather in Tokyo, in fahrenheit?",
+                 "Price of MSFT?", "Is it raining in London?", "Tell me about NVDA.", "Oslo weather", "Quote for IBM",
+                 "Do I need an umbrella in Rome?", "What does TSLA trade at?"]
+    for i, question in enumerate(questions):
+        reply = client.chat.completions.create(model="tools", messages=[{"role": "user", "content": question}], tools=TOOLS,
+                                               tool_choice="required", max_tokens=80, temperature=0 if i % 2 else 0.8, seed=i)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_named_choice_tool_result_and_streaming(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_stock_price"}}
+    reply = client.chat.completions.create(model="tools", messages=messages, tools=TOOLS, tool_choice=named, max_tokens=60, temperature=0)
+    call = reply.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_stock_price"
+    streamed = list(client.chat.completions.create(model="tools", messages=messages, tools=TOOLS, tool_choice=named,
+                                                   max_tokens=60, temperature=0, stream=True))
+    deltas = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [(call.function.name, call.function.arguments)]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    # the result goes back as a tool message, and the next turn completes
+    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"price": 412.5})}]
+    final = client.chat.completions.create(model="tools", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=30, temperature=0)
+    assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.content
+
+
+def test_a_template_without_tools_is_400(default_model_dir):
+    from fastapi.testclient import TestClient
+
+    app = create_app(minillm.load(default_model_dir, ctx=256), "plain")
+    with TestClient(app) as http:
+        response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+
+
+def test_parsing_each_format():
+    functions = {"f": {"type": "object"}}
+    assert template_format("... <tool_call> ...") == "hermes" and template_format("[TOOL_CALLS]") == "mistral"
+    content, calls = parse_tool_calls('Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "hermes", functions)
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("f", {"a": 1})]
+    _, calls = parse_tool_calls('[TOOL_CALLS] [{"name": "f", "arguments": {"b": 2}}, {"name": "f", "arguments": {}}]', "mistral", functions)
+    assert [c.arguments for c in calls] == [{"b": 2}, {}]
+    _, calls = parse_tool_calls('<|python_tag|>{"name": "f", "parameters": {"c": 3}}', "llama3", functions)
+    assert calls[0].arguments == {"c": 3}
+    assert parse_tool_calls('{"name": "unknown", "parameters": {}}', "llama3", functions) == ('{"name": "unknown", "parameters": {}}', [])
+    assert json.loads(ToolCall("f", {"x": [1]}).openai()["function"]["arguments"]) == {"x": [1]}
+    assert "%json" in call_grammar(functions, ["f"], "mistral")
