@@ -16,6 +16,7 @@ from .engine import TokenEvent
 from .sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16  # n: samples of one prompt
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -52,7 +53,7 @@ class SamplingRequest(StrictModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     stream: bool = False
     stream_options: dict | None = None
@@ -203,24 +204,25 @@ def chat_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict:
     return {"content": [dict(entry(e.token, e.logprob), top_logprobs=[entry(t, lp) for t, lp in e.top_logprobs]) for e in events]}
 
 
-def completion_object(rid: str, created: int, model: str, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
-    """A completion, or one chunk of a streamed one (the same shape)."""
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}]}
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
+def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
+    return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-def chat_completion(rid: str, created: int, model: str, text: str | None, finish_reason: str, logprobs: dict | None,
-                    tool_calls: list[dict] | None = None) -> dict:
+def chat_message_choice(index: int, text: str | None, finish_reason: str, logprobs: dict | None, tool_calls: list[dict] | None = None) -> dict:
     message = {"role": "assistant", "content": text}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}]}
+    return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}
+
+
+def response_object(rid: str, kind: str, created: int, model: str, choices: list[dict]) -> dict:
+    """A completion ("text_completion"), chat completion ("chat.completion") or one chunk of a
+    stream ("chat.completion.chunk"; a streamed completion's chunks are "text_completion")."""
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
 
 
 def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict) -> dict:

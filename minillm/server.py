@@ -13,6 +13,7 @@ Request schemas and response shapes live in minillm.openai_protocol.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from typing import AsyncIterator, Callable
@@ -77,16 +78,36 @@ class Generation:
             return "stop"
         return "length"  # max_tokens, or the context filled up
 
-    def sse_response(self, chunks: AsyncIterator[tuple[dict, int]], kind: str, include_usage: bool) -> StreamingResponse:
-        """Server-sent events from (chunk, tokens in it) pairs: a usage chunk if asked for, an
-        engine error as an error event, and always `data: [DONE]` last."""
+
+class Choices:
+    """The generations of one request: n samples of one prompt (later ones reuse its cached blocks),
+    under one id, as choices by index."""
+
+    def __init__(self, gens: list[Generation]):
+        self.gens = gens
+        self.id, self.created, self.model = gens[0].id, gens[0].created, gens[0].model
+
+    def response(self, kind: str, choices: list[dict]) -> dict:
+        return oai.response_object(self.id, kind, self.created, self.model, choices)
+
+    def usage(self, completion_tokens: int) -> dict:
+        """The prompt counted once, as OpenAI counts it for n > 1."""
+        return self.gens[0].usage(completion_tokens)
+
+    async def collect(self) -> list[tuple[Generation, tuple[str, list[TokenEvent]]]]:
+        results = await asyncio.gather(*(gen.collect() for gen in self.gens))
+        return list(zip(self.gens, results))
+
+    def sse_response(self, per_choice, kind: str, include_usage: bool) -> StreamingResponse:
+        """Server-sent events from every choice's (choice, tokens in it) pairs as they come: a usage
+        chunk if asked for, an engine error as an error event, and always `data: [DONE]` last."""
 
         async def events_out():
             generated = 0
             try:
-                async for obj, n_tokens in chunks:
+                async for choice, n_tokens in _merged([per_choice(i, gen) for i, gen in enumerate(self.gens)]):
                     generated += n_tokens
-                    yield oai.sse(obj)
+                    yield oai.sse(self.response(kind, [choice]))
                 if include_usage:
                     yield oai.sse(oai.usage_chunk(self.id, self.created, self.model, kind, self.usage(generated)))
             except MiniLLMError as e:
@@ -94,6 +115,41 @@ class Generation:
             yield oai.SSE_DONE
 
         return StreamingResponse(events_out(), media_type="text/event-stream")
+
+
+async def _merged(streams: list[AsyncIterator]) -> AsyncIterator:
+    """Items of several async iterators as each arrives; closing this closes them all (so a
+    client that goes away cancels every choice's request)."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream):
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except BaseException as e:  # noqa: BLE001 - handed to the reader
+            await queue.put(e)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class ChatTools:
@@ -162,12 +218,27 @@ class Service:
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
-    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None) -> Generation:
+    def start_choices(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None) -> Choices:
+        """body.n generations of the prompt (seeds seed, seed + 1, ..., when a seed is given)."""
+        gens: list[Generation] = []
+        try:
+            for i in range(body.n):
+                gens.append(self.start(prompt_ids, body, id_prefix, tool_grammar, seed_offset=i))
+        except APIError:
+            for gen in gens:
+                gen.handle.cancel()
+            raise
+        return Choices(gens)
+
+    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None,
+              seed_offset: int = 0) -> Generation:
         """Submit to the engine, which checks the prompt; its errors become 400, 429 or the
         context_length_exceeded 400. tool_grammar: a Lark grammar forcing a tool call."""
         assembler = TextAssembler(self.tokenizer, body.stops())
         try:
             params = body.sampling()
+            if seed_offset and params.seed is not None:
+                params = dataclasses.replace(params, seed=params.seed + seed_offset)
             if tool_grammar is not None and (body.response_format or body.grammar):
                 raise StructuredOutputError("a forced tool call cannot also follow response_format or grammar", "tool_choice")
             if tool_grammar is not None:
@@ -288,8 +359,6 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
 
 
 def _add_completion_routes(app: FastAPI, service: Service) -> None:
-    model_name = service.model_name
-
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         service.authorize(request)
@@ -299,26 +368,27 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
         if body.echo and body.logprobs is not None:
             raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
         echoed = (body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt_ids)) if body.echo else ""
-        gen = service.start(prompt_ids, body, "cmpl")
+        choices = service.start_choices(prompt_ids, body, "cmpl")
 
-        def chunk(text: str, reason: str | None, events: list[TokenEvent]) -> dict:
+        def choice(i: int, text: str, reason: str | None, events: list[TokenEvent]) -> dict:
             logprobs = None if body.logprobs is None else oai.completion_logprobs(events, service.token_text)
-            return oai.completion_object(gen.id, gen.created, model_name, text, reason, logprobs)
+            return oai.completion_choice(i, text, reason, logprobs)
 
         if body.stream:
-            async def chunks():
+            async def chunks(i: int, gen: Generation):
                 if echoed:
-                    yield chunk(echoed, None, []), 0
+                    yield choice(i, echoed, None, []), 0
                 async for text, events, final in gen.pieces():
-                    yield chunk(text, gen.finish_reason() if final else None, events), len(events)
+                    yield choice(i, text, gen.finish_reason() if final else None, events), len(events)
 
-            return gen.sse_response(chunks(), "text_completion", body.include_usage)
-        text, events = await gen.collect()
-        return dict(chunk(echoed + text, gen.finish_reason(), events), usage=gen.usage(len(events)))
+            return choices.sse_response(chunks, "text_completion", body.include_usage)
+        results = await choices.collect()
+        return dict(choices.response("text_completion", [choice(i, echoed + text, gen.finish_reason(), events)
+                                                          for i, (gen, (text, events)) in enumerate(results)]),
+                    usage=choices.usage(sum(len(events) for _, (_, events) in results)))
+
 
 def _add_chat_route(app: FastAPI, service: Service) -> None:
-    model_name = service.model_name
-
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         service.authorize(request)
@@ -329,31 +399,34 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
             prompt_ids = service.tokenizer.encode_chat(template_messages(messages), tools=tools.template_tools)
         except MiniLLMError as e:
             raise APIError(400, str(e), param="messages") from None
-        gen = service.start(prompt_ids, body, "chatcmpl", tools.grammar)
+        choices = service.start_choices(prompt_ids, body, "chatcmpl", tools.grammar)
         logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
 
-        def chunk(delta: dict, reason: str | None, events: list[TokenEvent]) -> tuple[dict, int]:
-            return oai.chat_chunk(gen.id, gen.created, model_name, delta, reason, logprobs(events)), len(events)
+        def reply(i: int, gen: Generation, text: str, events: list[TokenEvent], streamed: bool) -> dict:
+            content, calls = tools.parse(text) if tools.active else (text, [])
+            reason = "tool_calls" if calls else gen.finish_reason()
+            if not streamed:
+                return oai.chat_message_choice(i, content, reason, logprobs(events), [c.openai() for c in calls])
+            delta = {"tool_calls": [c.openai(k) for k, c in enumerate(calls)]} if calls else {"content": content or ""}
+            return oai.chat_delta_choice(i, delta, reason, logprobs(events))
 
         if body.stream:
-            async def chunks():
-                yield chunk({"role": "assistant", "content": ""}, None, [])
+            async def chunks(i: int, gen: Generation):
+                yield oai.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, logprobs([])), 0
                 if tools.active:  # calls are read from the whole reply: it comes at the end
                     text, events = await gen.collect()
-                    content, calls = tools.parse(text)
-                    delta = {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]} if calls else {"content": content or ""}
-                    yield chunk(delta, "tool_calls" if calls else gen.finish_reason(), events)
+                    yield reply(i, gen, text, events, streamed=True), len(events)
                     return
                 async for text, events, final in gen.pieces():
                     if text or final:
-                        yield chunk({"content": text} if text else {}, gen.finish_reason() if final else None, events)
+                        delta = {"content": text} if text else {}
+                        yield oai.chat_delta_choice(i, delta, gen.finish_reason() if final else None, logprobs(events)), len(events)
 
-            return gen.sse_response(chunks(), "chat.completion.chunk", body.include_usage)
-        text, events = await gen.collect()
-        content, calls = tools.parse(text) if tools.active else (text, [])
-        reply = oai.chat_completion(gen.id, gen.created, model_name, content, "tool_calls" if calls else gen.finish_reason(),
-                                    logprobs(events), [c.openai() for c in calls])
-        return dict(reply, usage=gen.usage(len(events)))
+            return choices.sse_response(chunks, "chat.completion.chunk", body.include_usage)
+        results = await choices.collect()
+        return dict(choices.response("chat.completion", [reply(i, gen, text, events, streamed=False)
+                                                          for i, (gen, (text, events)) in enumerate(results)]),
+                    usage=choices.usage(sum(len(events) for _, (_, events) in results)))
 
 
 def _add_error_handlers(app: FastAPI, service: Service) -> None:

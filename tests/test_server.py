@@ -187,7 +187,7 @@ MALFORMED = {
     "negative temperature": {"prompt": "hi", "temperature": -0.5},
     "top_p zero": {"prompt": "hi", "top_p": 0},
     "top_p above one": {"prompt": "hi", "top_p": 1.5},
-    "n above one": {"prompt": "hi", "n": 3},
+    "n above sixteen": {"prompt": "hi", "n": 17},
     "token ids outside the vocabulary": {"prompt": [1, 2, 10**9]},
     "negative token id": {"prompt": [1, -2]},
     "empty prompt": {"prompt": ""},
@@ -407,6 +407,7 @@ def test_json_object_and_grammar_extension(client):
     ({"grammar": {"type": "lark", "grammar": "start: (("}}, "grammar.grammar"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"n": 17}, "n"),
 ])
 def test_fields_that_cannot_be_honoured_are_400(server, body, param):
     payload = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
@@ -455,3 +456,24 @@ def test_embeddings_of_a_batch_equal_each_alone(client):
     if isinstance(vector, str):  # the client may hand base64 through or decode it
         vector = np.frombuffer(base64.b64decode(vector), "<f4").tolist()
     assert np.allclose(vector, batch[0].embedding, atol=0)
+
+
+def test_n_choices_are_the_seeded_samples_and_share_the_prompt(server, client):
+    """n = 3 with a seed: choice i is the request with seed + i; streamed the same; the later
+    choices reuse the prompt's cached blocks."""
+    prompt = "Once upon a time, in a land far away, " * 12
+    alone = [client.completions.create(model="smollm2", prompt=prompt, max_tokens=10, temperature=0.9, seed=7 + i).choices[0].text
+             for i in range(3)]
+    hits = _metric(server, "minillm:prefix_cache_hits_total")
+    both = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10, temperature=0.9, seed=7, n=3)
+    assert [c.index for c in both.choices] == [0, 1, 2] and [c.text for c in both.choices] == alone
+    assert 3 <= both.usage.completion_tokens <= 30 and both.usage.prompt_tokens < 150  # the prompt counted once
+    assert _metric(server, "minillm:prefix_cache_hits_total") > hits
+    pieces = ["", "", ""]
+    for chunk in client.completions.create(model="smollm2", prompt=prompt, max_tokens=10, temperature=0.9, seed=7, n=3, stream=True):
+        for c in chunk.choices:
+            pieces[c.index] += c.text
+    assert pieces == alone
+    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6,
+                                          temperature=0.9, seed=3, n=2)
+    assert [c.index for c in chat.choices] == [0, 1] and all(c.message.content for c in chat.choices)
