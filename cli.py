@@ -3,8 +3,8 @@
     python cli.py generate   [--model DIR] --prompt TEXT [--max-tokens N] [sampling flags]
     python cli.py chat       [--model DIR] [--prompt TEXT] [--system TEXT]
     python cli.py logits     [--model DIR] --tokens 1,2,3 --out FILE.npy
-    python cli.py compare    [--model DIR] [--prompt TEXT | --tokens 1,2,3] [--per-layer] [--json]
-    python cli.py perplexity [--model DIR] --file TEXT [--ctx N] [--stride S] [--hf] [--json]
+    python cli.py compare    [--model DIR] [--prompt TEXT | --tokens 1,2,3] [--per-layer [--plot FILE]] [--json]
+    python cli.py perplexity [--model DIR] --file TEXT [--ctx N] [--stride S] [--dtypes D ...] [--hf] [--plot FILE] [--json]
     python cli.py bench      [--model DIR] [--prompt-tokens P] [--gen-tokens G] [--json]
     python cli.py serve      [--model DIR] [--port 8000] [--max-batch N] [--api-key KEY]
     python cli.py import     FILE.gguf DIR
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 EXIT_ERROR = 2
 DTYPES = ("float32", "bfloat16", "int8")  # minillm.checkpoint.DTYPES, without importing numba to parse flags
@@ -83,6 +84,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--per-layer", action="store_true", help="hidden-state difference after every layer")
     cmp.add_argument("--threshold", type=float, default=1e-4, help="relative L2 error that counts as divergence")
     cmp.add_argument("--json", action="store_true", help="one JSON object on stdout (schema in the README)")
+    cmp.add_argument("--plot", metavar="FILE", help="with --per-layer: draw the divergence per layer (.png or .svg; needs minillm[plot])")
 
     ppl = sub.add_parser("perplexity", help="perplexity over a text file with sliding windows of --ctx tokens")
     model_flags(ppl)
@@ -90,6 +92,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--stride", type=int, metavar="S", help="tokens between windows (default: half the window)")
     ppl.add_argument("--hf", action="store_true", help="also run transformers on the very same windows")
     ppl.add_argument("--json", action="store_true")
+    ppl.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="D", help="run at each of these precisions (default: --dtype)")
+    ppl.add_argument("--plot", metavar="FILE", help="draw the perplexity of each precision (.png or .svg; needs minillm[plot])")
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     model_flags(sv)
@@ -244,10 +248,22 @@ def cmd_compare(args) -> int:
 
     from minillm.compare import compare, load_oracle
 
+    from minillm import UsageError
+
+    if args.plot and not args.per_layer:
+        raise UsageError("--plot draws the per-layer divergence: add --per-layer")
+    if args.plot:
+        from minillm.plots import check_plot
+
+        check_plot(args.plot)
     llm = _load(args)
     tokens = _tokens_arg(args.tokens) if args.tokens else llm.tokenizer.encode(args.prompt or COMPARE_PROMPT)
     llm.check_prompt(tokens)
     result = compare(llm.model, load_oracle(llm.model_dir), tokens, per_layer=args.per_layer, threshold=args.threshold)
+    if args.plot:
+        from minillm.plots import plot_layers
+
+        plot_layers(result["layers"], args.plot, title=f"{llm.model_dir.name} ({result['dtype']}) vs transformers")
     if args.json:
         print(json.dumps(result))
         return 0
@@ -279,6 +295,12 @@ def cmd_perplexity(args) -> int:
         text = open(args.file, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{args.file}: cannot read: {e}") from None
+    if args.plot:
+        from minillm.plots import check_plot
+
+        check_plot(args.plot)
+    dtypes = args.dtypes or [args.dtype]
+    args.dtype = dtypes[0]
     llm = _load(args)
     ids = llm.tokenizer.encode(text)
     window = llm.model.ctx  # --ctx: each window is one full context
@@ -287,13 +309,27 @@ def cmd_perplexity(args) -> int:
         raise UsageError(f"need 0 < stride ({stride}) <= window ({window}) <= context ({llm.model.ctx}) and a text of 2+ tokens")
     result = {"file": args.file, "dtype": args.dtype, "window": window, "stride": stride, "tokens": len(ids)}
     result["minillm"] = perplexity(model_window_scorer(llm.model), ids, window, stride, progress=not args.json)
+    if len(dtypes) > 1:  # the first precision's run stays "minillm"; every run under "by_dtype"
+        result["by_dtype"] = {args.dtype: result["minillm"]}
+        for dtype in dtypes[1:]:
+            args.dtype = dtype
+            result["by_dtype"][dtype] = perplexity(model_window_scorer(_load(args).model), ids, window, stride, progress=not args.json)
+        args.dtype = dtypes[0]
     if args.hf:
         result["transformers"] = perplexity(hf_window_scorer(load_oracle(llm.model_dir)), ids, window, stride, progress=not args.json)
+    if args.plot:
+        from minillm.plots import plot_perplexity
+
+        runs = result.get("by_dtype", {args.dtype: result["minillm"]})
+        plot_perplexity({d: r["perplexity"] for d, r in runs.items()}, args.plot,
+                        reference=result["transformers"]["perplexity"] if args.hf else None,
+                        title=f"{Path(args.file).name}: windows of {window} every {stride}")
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"{args.file}: {len(ids)} tokens, windows of {window} every {stride} ({result['minillm']['windows']} windows)")
-    print(f"minillm ({args.dtype}):  perplexity {result['minillm']['perplexity']:.4f}")
+    for dtype, run in result.get("by_dtype", {args.dtype: result["minillm"]}).items():
+        print(f"minillm ({dtype}):  perplexity {run['perplexity']:.4f}")
     if args.hf:
         hf = result["transformers"]["perplexity"]
         rel = result["minillm"]["perplexity"] / hf - 1

@@ -78,7 +78,7 @@ class RequestHandle:
             self._put = self._queue.put
         else:
             self._queue = asyncio.Queue()
-            self._put = lambda item: loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._put = lambda item: self._put_async(loop, item)
         self._cancelled = threading.Event()
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
@@ -114,6 +114,12 @@ class RequestHandle:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+    def _put_async(self, loop: asyncio.AbstractEventLoop, item) -> None:
+        try:
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the reader's event loop is closed: nobody will read; stop generating
+            self._cancelled.set()
 
     # engine side
     def _emit(self, item) -> None:

@@ -3,7 +3,7 @@
     python cli.py serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--ctx N] [--max-batch N]
                         [--max-queue N] [--api-key KEY]
 
-POST /v1/completions, POST /v1/chat/completions (stream: true gives SSE chunks ending with
+GET / is a chat page (minillm/static/chat.html). POST /v1/completions, POST /v1/chat/completions (stream: true gives SSE chunks ending with
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
 Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 for any invalid
 request (never 422), 401 for a wrong API key, 404 for an unknown route, 429 when the queue is full.
@@ -16,11 +16,12 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from . import openai_protocol as oai
@@ -34,7 +35,8 @@ from .openai_protocol import (
 from .structured import StructuredOutputError, response_format_constraint
 from .tools import call_grammar, check_tools, forced_names, parse_tool_calls, template_format, template_messages
 
-MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt longer than ctx * this many characters cannot fit
+MAX_PROMPT_CHARS_PER_TOKEN = 64
+CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"  # a prompt longer than ctx * this many characters cannot fit
 
 
 class Generation:
@@ -305,6 +307,11 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> 
 def _add_service_routes(app: FastAPI, service: Service) -> None:
     """Health, models, metrics, tokenize/detokenize and embeddings."""
     model_name = service.model_name
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page():
+        """The chat page: one static file from the package, nothing fetched from elsewhere."""
+        return HTMLResponse(CHAT_PAGE.read_text(encoding="utf-8"))
 
     @app.get("/health")
     async def health():

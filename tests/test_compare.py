@@ -98,3 +98,40 @@ def test_compare_without_transformers_is_one_line(tmp_path, tiny):
     result = subprocess.run(CLI + ["compare", "--model", str(tiny), "--tokens", "1,2,3"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: compare needs transformers and torch: pip install 'minillm[compare]'"]
+
+
+def test_per_layer_plot_marks_where_the_json_says(tiny_arch, tmp_path):
+    """The picture marks the stage the JSON names as the first divergence (a perturbed layer 2)."""
+    from minillm.plots import plot_layers
+
+    model, oracle = Model.load(tiny_arch), load_oracle(tiny_arch)
+    layer = model.weights.layers[2]
+    layer.up.w[...] = layer.up.w * 1.02
+    result = compare(model, oracle, list(range(3, 30)), per_layer=True)
+    stages = [s["stage"] for s in result["layers"]["stages"]]
+    for name in ("layers.png", "layers.svg"):
+        marked = plot_layers(result["layers"], tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 1000
+        assert stages[marked] == result["layers"]["first_divergence"] == "layer 2"
+
+
+def test_compare_and_perplexity_plots_from_the_cli(tiny, default_model_dir, tmp_path):
+    png = tmp_path / "layers.png"
+    result = subprocess.run([*CLI, "compare", "--model", str(tiny), "--tokens", "1,2,3,4,5", "--per-layer", "--plot", str(png), "--json"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["layers"]["first_divergence"] is None and png.stat().st_size > 1000
+    text = ROOT / "tests" / "data" / "lighthouse.txt"
+    bars = tmp_path / "ppl.svg"
+    result = subprocess.run([*CLI, "perplexity", "--model", str(default_model_dir), "--file", str(text), "--ctx", "128", "--dtypes", "float32", "int8",
+                             "--plot", str(bars), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)["by_dtype"]) == {"float32", "int8"} and bars.read_text().startswith("<?xml")
+
+
+def test_plot_without_matplotlib_is_one_line(tiny, tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; sys.argv[0] = 'cli.py'; import cli; "
+            f"sys.exit(cli.main(['compare', '--model', {str(tiny)!r}, '--tokens', '1,2', '--per-layer', '--plot', 'x.png']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "minillm[plot]" in result.stderr
