@@ -12,6 +12,7 @@ from .activation_prep import quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .decode import DecodeBuffers, DecodeWeights, decode_batch
 from .ir_blocks import QBLOCK
+from .mask import mask_logits
 from .matmul import add_bias, matmul, matvec
 from .quant import INT8_MAX_WEIGHT, dequantize, gather_rows, quantize_int8, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
@@ -20,6 +21,6 @@ from .swiglu import gated, softcap_row, swiglu
 
 __all__ = [
     "QUERIES_PER_TASK", "attend", "attention", "kv_write", "DecodeBuffers", "DecodeWeights", "decode_batch", "add_bias", "matmul", "matvec",
-    "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
+    "mask_logits", "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
     "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu",
 ]

@@ -296,3 +296,16 @@ def test_divide_is_ieee_division():
     _divide_all(out, a, b)
     with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
         np.testing.assert_array_equal(out, a / b)
+
+
+def test_mask_logits_clears_every_token_whose_bit_is_off():
+    rng = np.random.default_rng(5)
+    V = 1000  # not a multiple of 32: the last word is partial
+    allowed = rng.random(V) < 0.3
+    words = np.zeros((V + 31) // 32, np.uint32)
+    for i in np.flatnonzero(allowed):
+        words[i // 32] |= np.uint32(1) << np.uint32(i % 32)
+    logits = rand(V)
+    expected = np.where(allowed, logits, -np.inf).astype(np.float32)
+    K.mask_logits(logits, words.view(np.int32))
+    np.testing.assert_array_equal(logits, expected)
