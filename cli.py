@@ -1,6 +1,6 @@
 """minillm's command line: parses arguments and calls the library.
 
-    python cli.py generate   [--model DIR] --prompt TEXT [--max-tokens N] [sampling flags]
+    python cli.py generate   [--model DIR|FILE.gguf] --prompt TEXT [--max-tokens N] [sampling flags]
     python cli.py chat       [--model DIR] [--prompt TEXT] [--system TEXT]
     python cli.py logits     [--model DIR] --tokens 1,2,3 --out FILE.npy
     python cli.py compare    [--model DIR] [--prompt TEXT | --tokens 1,2,3] [--per-layer [--plot FILE]] [--json]
@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 EXIT_ERROR = 2
-DTYPES = ("float32", "bfloat16", "int8")  # minillm.checkpoint.DTYPES, without importing numba to parse flags
+# minillm.checkpoint.DTYPES and GGUF_STORED, without importing numba to parse flags
+DTYPES = ("float32", "bfloat16", "int8", "q4_0", "gguf")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,14 +39,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_flags(p):
-        p.add_argument("--model", metavar="DIR", help="HF checkpoint directory (default: the bundled SmolLM2-135M-Instruct)")
+        p.add_argument("--model", metavar="PATH", help="HF checkpoint directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)")
         p.add_argument("--ctx", type=int, metavar="N", help="context size (default: min(max positions, 4096))")
         p.add_argument(
             "--dtype",
             choices=DTYPES,
-            default="float32",
-            help="weight precision (default float32: exact, the logits transformers gives; "
-            "bfloat16 halves and int8 quarters the weight bytes read per token)",
+            help="weight precision: a directory's default float32 is exact (the logits transformers gives); "
+            "bfloat16, int8 and q4_0 read a half, a quarter and an eighth of the bytes per token. A GGUF "
+            "runs as stored by default (gguf), exactly its dequantized weights' logits",
         )
         p.add_argument("--check-weights", action="store_true", help="reject weights containing NaN or Inf")
 
@@ -95,18 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="D", help="run at each of these precisions (default: --dtype)")
     ppl.add_argument("--plot", metavar="FILE", help="draw the perplexity of each precision (.png or .svg; needs minillm[plot])")
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    model_flags(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together")
-    sv.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests allowed to wait (then 429)")
-    sv.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
-    sv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
-                    help="on SIGTERM, seconds running requests may take to finish")
-    sv.add_argument("--cache-mb", type=float, metavar="MB",
-                    help="memory for the prefix KV cache shared by requests (default: a fifth of free memory, at most 2048; 0: off)")
-    sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
+    _serve_flags(sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching"), model_flags)
 
     b = sub.add_parser("bench", help="prefill and decode speed, time to first token, load time, peak RSS")
     model_flags(b)
@@ -221,7 +211,7 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"model        {result['model']} ({args.dtype}, {result['weight_mb']:.0f} MiB of weights)")
+    print(f"model        {result['model']} ({result['dtype']}, {result['weight_mb']:.0f} MiB of weights)")
     print(f"prefill      {result['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens)")
     if args.gen_tokens:
         print(f"decode       {result['decode_tok_s']:.1f} tok/s ({args.gen_tokens} tokens)")
@@ -259,11 +249,11 @@ def cmd_compare(args) -> int:
     llm = _load(args)
     tokens = _tokens_arg(args.tokens) if args.tokens else llm.tokenizer.encode(args.prompt or COMPARE_PROMPT)
     llm.check_prompt(tokens)
-    result = compare(llm.model, load_oracle(llm.model_dir), tokens, per_layer=args.per_layer, threshold=args.threshold)
+    result = compare(llm.model, load_oracle(llm.source), tokens, per_layer=args.per_layer, threshold=args.threshold)
     if args.plot:
         from minillm.plots import plot_layers
 
-        plot_layers(result["layers"], args.plot, title=f"{llm.model_dir.name} ({result['dtype']}) vs transformers")
+        plot_layers(result["layers"], args.plot, title=f"{llm.source.name} ({result['dtype']}) vs transformers")
     if args.json:
         print(json.dumps(result))
         return 0
@@ -302,6 +292,7 @@ def cmd_perplexity(args) -> int:
     dtypes = args.dtypes or [args.dtype]
     args.dtype = dtypes[0]
     llm = _load(args)
+    dtypes[0] = args.dtype = llm.model.dtype  # a label for the default precision too
     ids = llm.tokenizer.encode(text)
     window = llm.model.ctx  # --ctx: each window is one full context
     stride = args.stride or max(1, window // 2)
@@ -316,7 +307,7 @@ def cmd_perplexity(args) -> int:
             result["by_dtype"][dtype] = perplexity(model_window_scorer(_load(args).model), ids, window, stride, progress=not args.json)
         args.dtype = dtypes[0]
     if args.hf:
-        result["transformers"] = perplexity(hf_window_scorer(load_oracle(llm.model_dir)), ids, window, stride, progress=not args.json)
+        result["transformers"] = perplexity(hf_window_scorer(load_oracle(llm.source)), ids, window, stride, progress=not args.json)
     if args.plot:
         from minillm.plots import plot_perplexity
 
@@ -337,9 +328,51 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def _serve_flags(sv, model_flags) -> None:
+    """The serve command's flags: the model's, the HTTP server's, and the cluster's (--replicas)."""
+    model_flags(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together")
+    sv.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests allowed to wait (then 429)")
+    sv.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
+    sv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                    help="on SIGTERM, seconds running requests may take to finish")
+    sv.add_argument("--cache-mb", type=float, metavar="MB",
+                    help="memory for the prefix KV cache shared by requests (default: a fifth of free memory, at most 2048; 0: off)")
+    sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
+    sv.add_argument("--replicas", type=int, metavar="N", help="N engine replicas on Ray Serve behind one endpoint (minillm[cluster])")
+    sv.add_argument("--threads-per-replica", type=int, default=1, metavar="T", help="CPUs and Numba threads per replica (default 1)")
+    sv.add_argument("--autoscale", metavar="MIN:MAX", help="scale replicas between MIN and MAX on ongoing requests")
+    sv.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local Ray with the command)")
+
+
 def cmd_serve(args) -> int:
     import minillm
+    from minillm import UsageError
     from minillm.default_model import MODEL_NAME
+
+    name = args.model_name or (Path(args.model).stem if args.model and args.model.endswith(".gguf") else
+                               os.path.basename(os.path.normpath(args.model)) if args.model else MODEL_NAME)
+
+    def ready():
+        precision = f" ({args.dtype})" if args.dtype else ""
+        where = f" on {args.replicas or 'autoscaled'} Ray Serve replicas" if args.replicas or args.autoscale else ""
+        print(f"minillm serving {name}{precision}{where} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+
+    if args.replicas is not None or args.autoscale or args.ray_address:
+        from minillm.cluster import require_ray, run
+
+        require_ray()
+        autoscale = _autoscale(args.autoscale) if args.autoscale else None
+        replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
+        if replicas < 1 or args.threads_per_replica < 1:
+            raise UsageError("--replicas and --threads-per-replica must be >= 1")
+        run(args.model, name, args.api_key, args.host, args.port, args.ray_address, on_ready=ready, replicas=replicas,
+            threads=args.threads_per_replica, autoscale=autoscale, max_batch=args.max_batch, max_queue=args.max_queue,
+            ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb, check_weights=args.check_weights)
+        return 0
+
     from minillm.server import serve
 
     def load():
@@ -348,15 +381,23 @@ def cmd_serve(args) -> int:
             max_batch=args.max_batch, max_queue=args.max_queue, cache_mb=args.cache_mb,
         )
 
-    name = args.model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else MODEL_NAME)
-    def ready():
-        print(f"minillm serving {name} ({args.dtype}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-
     error = serve(load, name, host=args.host, port=args.port, api_key=args.api_key,
                   shutdown_timeout=args.shutdown_timeout, on_ready=ready)
     if error is not None:
         raise error
     return 0
+
+
+def _autoscale(text: str) -> tuple[int, int]:
+    from minillm import UsageError
+
+    try:
+        low, high = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--autoscale takes MIN:MAX, got {text!r}") from None
+    if not 1 <= low <= high:
+        raise UsageError(f"--autoscale needs 1 <= MIN <= MAX, got {text!r}")
+    return low, high
 
 
 def cmd_import(args) -> int:

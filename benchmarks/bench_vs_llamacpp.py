@@ -5,16 +5,21 @@
 What it does, all on this machine:
 1. installs llama-cpp-python from PyPI if missing, built from source with -DGGML_NATIVE=ON;
 2. takes `convert_hf_to_gguf.py` from that version's source distribution and converts the same
-   HF weights minillm reads to GGUF F32, BF16 and Q8_0;
+   HF weights minillm reads to GGUF F32, BF16 and Q8_0, and quantizes them to Q4_0 and Q4_K_M
+   with llama.cpp's own quantizer (llama_model_quantize, what `llama-quantize` runs);
 3. in each of `--rounds` rounds, measures the machine's read bandwidth (a parallel Numba sum over a
    2 GB array), then runs minillm and llama.cpp alternately, each run in a fresh process: prefill of
-   128 and 512 tokens, and 128 decode steps after a 128-token prompt, all with 2 threads;
+   128 and 512 tokens, and 128 decode steps after a 128-token prompt (both engines at the same
+   context depth), all with 2 threads. Rows: minillm's float32 / bfloat16 / int8 against
+   llama.cpp's F32 / BF16 / Q8_0, and 4-bit GGUF files given to both engines as they are
+   (minillm runs them as stored: `--model FILE.gguf`), the shipped Q4_1 file among them;
 4. runs transformers once (float32 and bfloat16);
 5. prints medians and minillm/llama.cpp ratios, and writes them to benchmarks/results.json.
 
 Shapes: `smollm` is the default model (SmolLM2-135M-Instruct); `1b` is a random-weight Llama of
 ~1.2B parameters (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab 49152),
-compared at bfloat16 and int8 only (its float32 GGUF alone would be 5 GB).
+compared on its BF16, Q8_0, Q4_0 and Q4_K_M GGUFs and at int8 (its float32 GGUF alone would be
+5 GB).
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -35,7 +40,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache"
 LLAMA_CPP_VERSION = "0.3.36"
-PAIRS = [("float32", "f32"), ("bfloat16", "bf16"), ("int8", "q8_0")]  # minillm dtype, GGUF type
+# Rows: (label, what minillm runs: "dir" or a GGUF's name, minillm dtype or None, llama.cpp's GGUF)
+SMOLLM_ROWS = [
+    ("float32 vs F32", "dir", "float32", "f32"),
+    ("bfloat16 vs BF16", "dir", "bfloat16", "bf16"),
+    ("int8 vs Q8_0", "dir", "int8", "q8_0"),
+    ("Q4_0 file, both", "Q4_0", None, "Q4_0"),
+    ("Q4_1 file (shipped), both", "shipped", None, "shipped"),
+    ("Q4_K_M file, both", "Q4_K_M", None, "Q4_K_M"),
+]
+ONE_B_ROWS = [
+    ("BF16 file, both", "bf16", None, "bf16"),
+    ("Q8_0 file, both", "q8_0", None, "q8_0"),
+    ("int8 vs Q8_0", "dir", "int8", "q8_0"),
+    ("Q4_0 file, both", "Q4_0", None, "Q4_0"),
+    ("Q4_K_M file, both", "Q4_K_M", None, "Q4_K_M"),
+]
+QUANTIZE = r"""
+import sys, llama_cpp as L
+p = L.llama_model_quantize_default_params()
+p.ftype = getattr(L, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+p.nthread = 2
+if L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) != 0:
+    raise SystemExit("llama_model_quantize failed")
+"""
 
 WORKER_LLAMA = r"""
 import ctypes, json, sys, time
@@ -185,6 +213,34 @@ def to_gguf(model_dir: Path, outtype: str) -> Path:
     return out
 
 
+def quantized(source: Path, ftype: str) -> Path:
+    """`source` (a GGUF) quantized by llama.cpp's quantizer to ftype (Q4_0, Q4_K_M, ..)."""
+    out = source.with_name(source.name.rsplit("-", 1)[0] + f"-{ftype}.gguf")
+    if not out.exists():
+        print(f"quantizing {source.name} to {ftype} ...", flush=True)
+        tmp = out.with_suffix(".tmp")
+        sh([sys.executable, "-c", QUANTIZE, str(source), str(tmp), ftype])
+        tmp.rename(out)
+    return out
+
+
+def row_files(model_dir: Path, rows) -> dict[str, Path]:
+    """Every GGUF the rows name: converted (f32, bf16, q8_0), quantized from the most precise
+    of those, or the shipped default-model file."""
+    from minillm.default_model import find_default_gguf
+
+    names = {name for _, ours, _, theirs in rows for name in (ours, theirs) if name != "dir"}
+    files = {}
+    for name in sorted(names, key=lambda n: n not in ("f32", "bf16", "q8_0")):
+        if name == "shipped":
+            files[name] = find_default_gguf()
+        elif name in ("f32", "bf16", "q8_0"):
+            files[name] = to_gguf(model_dir, name)
+        else:
+            files[name] = quantized(files.get("f32") or files.get("bf16") or to_gguf(model_dir, "bf16"), name)
+    return files
+
+
 def random_1b() -> Path:
     """A ~1.2B-parameter Llama with random bf16 weights and the default model's tokenizer."""
     import numpy as np
@@ -252,10 +308,10 @@ def save_bf16(tensors: dict, path: Path) -> None:
 # ------------------------------------------------------------------ runs
 
 
-def run_minillm(model_dir: Path, dtype: str, P: int, G: int, threads: int) -> dict:
+def run_minillm(model: Path, dtype: str | None, P: int, G: int, threads: int) -> dict:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    cmd = [sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model_dir), "--dtype", dtype,
-           "--prompt-tokens", str(P), "--gen-tokens", str(G), "--ctx", "1024", "--json"]
+    cmd = [sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model), "--prompt-tokens", str(P),
+           "--gen-tokens", str(G), "--ctx", "1024", "--json"] + (["--dtype", dtype] if dtype else [])
     return last_json(sh(cmd, env=env))
 
 
@@ -268,10 +324,10 @@ def bandwidth_gb_s(threads: int) -> float:
     return last_json(sh([sys.executable, "-c", WORKER_BANDWIDTH], env=env))["bandwidth_gb_s"]
 
 
-def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> dict:
-    """Every run's figures, as lists with one entry per round: (engine, kind, metric) -> values,
-    and ("bandwidth",) -> the read bandwidth sampled at the start of each round."""
-    ggufs = {g: to_gguf(model_dir, g) for _, g in pairs}
+def measure(shape: str, model_dir: Path, rows, rounds: int, threads: int) -> dict:
+    """Every run's figures, as lists with one entry per round: (engine, row label, metric) ->
+    values, and ("bandwidth",) -> the read bandwidth sampled at the start of each round."""
+    files = row_files(model_dir, rows)
     samples: dict = {}
 
     def add(key, value):
@@ -282,19 +338,22 @@ def measure(shape: str, model_dir: Path, pairs, rounds: int, threads: int) -> di
         # drifts by a third over minutes, so one sample at the start can be a burst or a trough.
         add(("bandwidth",), bandwidth_gb_s(threads))
         print(f"[{shape}] round {r + 1}/{rounds}, read bandwidth {samples[('bandwidth',)][-1]:.1f} GB/s", flush=True)
-        for dtype, gtype in pairs:
+        for label, ours, dtype, theirs in rows:
+            ours_model = model_dir if ours == "dir" else files[ours]
             # Alternate which engine goes first, so neither always runs on a cooler machine.
-            order = [("minillm", dtype), ("llama.cpp", gtype)]
-            for engine, kind in order if r % 2 == 0 else order[::-1]:
-                run = (lambda P, G: run_minillm(model_dir, kind, P, G, threads)) if engine == "minillm" else (
-                    lambda P, G: run_llama(ggufs[kind], P, G, threads))
+            order = ["minillm", "llama.cpp"]
+            for engine in order if r % 2 == 0 else order[::-1]:
+                run = (lambda P, G: run_minillm(ours_model, dtype, P, G, threads)) if engine == "minillm" else (
+                    lambda P, G: run_llama(files[theirs], P, G, threads))
                 a, b = run(128, 128), run(512, 0)
-                add((engine, kind, "prefill128"), a["prefill_tok_s"])
-                add((engine, kind, "decode128"), a["decode_tok_s"])
-                add((engine, kind, "prefill512"), b["prefill_tok_s"])
+                add((engine, label, "prefill128"), a["prefill_tok_s"])
+                add((engine, label, "decode128"), a["decode_tok_s"])
+                add((engine, label, "prefill512"), b["prefill_tok_s"])
                 if engine == "minillm":
-                    add((engine, kind, "peak_rss_mb"), a["peak_rss_mb"])
-                    add((engine, kind, "weight_mb"), a["weight_mb"])
+                    add((engine, label, "peak_rss_mb"), max(a["peak_rss_mb"], b["peak_rss_mb"]))
+                    add((engine, label, "weight_mb"), a["weight_mb"])
+                    if ours != "dir":
+                        add((engine, label, "file_mb"), files[ours].stat().st_size / 2**20)
     return samples
 
 
@@ -306,66 +365,84 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     args = ap.parse_args()
     if args.shapes == "render":  # rewrite benchmarks/README.md from the last results.json
-        report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
-        (ROOT / "benchmarks" / "README.md").write_text(markdown(report))
+        write_readme(json.loads((ROOT / "benchmarks" / "results.json").read_text()))
         return
     sys.path.insert(0, str(ROOT))
     from minillm.default_model import default_model_dir
 
     ensure_llama_cpp()
+    out = ROOT / "benchmarks" / "results.json"
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
               "rounds": args.rounds, "shapes": {}, "samples": {}}
-    out = ROOT / "benchmarks" / "results.json"
+    if out.exists():  # a run of some shapes keeps the others' last results (their own date kept)
+        previous = json.loads(out.read_text())
+        for shape in previous.get("shapes", {}):
+            report["shapes"][shape] = previous["shapes"][shape]
+            report["samples"][shape] = previous["samples"][shape]
+            report.setdefault("dates", {})[shape] = previous.get("dates", {}).get(shape, previous.get("date"))
 
     def save():  # after every shape, so a long run that stops early still leaves its results
         out.write_text(json.dumps(report, indent=2) + "\n")
 
-    def record(shape, samples, pairs):
-        report["shapes"][shape] = table(samples, pairs)
+    def record(shape, samples, rows):
+        report.setdefault("dates", {})[shape] = report["date"]
+        report["shapes"][shape] = table(samples, rows)
         report["samples"][shape] = {"/".join(k): v for k, v in samples.items()}
 
     shapes = args.shapes.split(",")
     if "smollm" in shapes:
         d = default_model_dir()
-        record("smollm", measure("smollm", d, PAIRS, args.rounds, args.threads), PAIRS)
+        record("smollm", measure("smollm", d, SMOLLM_ROWS, args.rounds, args.threads), SMOLLM_ROWS)
         if not args.no_hf:
             hf = {dt: last_json(sh([sys.executable, "-c", WORKER_HF, str(d), dt, str(args.threads)])) for dt in ("float32", "bfloat16")}
             report["shapes"]["smollm"]["transformers"] = hf
         save()
         print_report(report)
     if "1b" in shapes:
-        record("1b", measure("1b", random_1b(), PAIRS[1:], args.rounds, args.threads), PAIRS[1:])
+        record("1b", measure("1b", random_1b(), ONE_B_ROWS, args.rounds, args.threads), ONE_B_ROWS)
         save()
     print_report(report)
-    (ROOT / "benchmarks" / "README.md").write_text(markdown(report))
+    write_readme(report)
     print(f"\nwrote {out} and benchmarks/README.md")
 
 
-def table(samples: dict, pairs) -> dict:
+def table(samples: dict, rows) -> dict:
     """Medians and ratios of medians; `ahead` counts the rounds in which minillm's run beat the
     llama.cpp run next to it. The decode share of bandwidth is taken per round, against the sample
     of that round, and its median reported."""
     bandwidth = samples[("bandwidth",)]
-    rows = {"bandwidth_gb_s": statistics.median(bandwidth)}
-    for dtype, gtype in pairs:
+    out = {"bandwidth_gb_s": statistics.median(bandwidth)}
+    for label, *_ in rows:
         row = {}
         for metric in ("prefill128", "prefill512", "decode128"):
-            ours, theirs = samples[("minillm", dtype, metric)], samples[("llama.cpp", gtype, metric)]
+            ours, theirs = samples[("minillm", label, metric)], samples[("llama.cpp", label, metric)]
             mo, mt = statistics.median(ours), statistics.median(theirs)
             row[metric] = {"minillm": mo, "llama.cpp": mt, "ratio": mo / mt,
                            "ahead": sum(o >= t for o, t in zip(ours, theirs)), "rounds": len(ours)}
-        row["peak_rss_mb"] = statistics.median(samples[("minillm", dtype, "peak_rss_mb")])
-        row["weight_mb"] = statistics.median(samples[("minillm", dtype, "weight_mb")])
+        for key in ("peak_rss_mb", "weight_mb", "file_mb"):
+            if ("minillm", label, key) in samples:
+                row[key] = statistics.median(samples[("minillm", label, key)])
         # Bytes read per decoded token are (about) the weights; tok/s x bytes = achieved bandwidth.
         weight_gb = row["weight_mb"] * 2**20 / 1e9
         row["decode_bandwidth_share"] = statistics.median(
-            tok_s * weight_gb / bw for tok_s, bw in zip(samples[("minillm", dtype, "decode128")], bandwidth))
-        rows[f"{dtype} vs {gtype.upper()}"] = row
-    return rows
+            tok_s * weight_gb / bw for tok_s, bw in zip(samples[("minillm", label, "decode128")], bandwidth))
+        out[label] = row
+    return out
 
 
 def _engine_rows(rows: dict):
     return [(name, row) for name, row in rows.items() if name not in ("transformers", "bandwidth_gb_s")]
+
+
+HAND_WRITTEN = "## The server under load"  # benchmarks/README.md from here on is written by hand
+
+
+def write_readme(report: dict) -> None:
+    """Rewrite the generated tables at the top of benchmarks/README.md, keeping the notes below."""
+    path = ROOT / "benchmarks" / "README.md"
+    old = path.read_text() if path.exists() else ""
+    notes = old[old.index(HAND_WRITTEN):] if HAND_WRITTEN in old else ""
+    path.write_text(markdown(report) + ("\n" + notes if notes else ""))
 
 
 def _cell(c: dict, bold: str = "") -> str:
@@ -393,12 +470,14 @@ def markdown(report: dict) -> str:
     for shape, rows in report["shapes"].items():
         bw = report["samples"][shape]["bandwidth"]
         out += ["", f"## {names.get(shape, shape)}", "",
-                f"Read bandwidth: median {rows['bandwidth_gb_s']:.1f} GB/s (samples {min(bw):.1f} to {max(bw):.1f}).", "",
+                f"Run {report.get('dates', {}).get(shape, report['date'])}. Read bandwidth: median {rows['bandwidth_gb_s']:.1f} GB/s "
+                f"(samples {min(bw):.1f} to {max(bw):.1f}).", "",
                 "| tok/s: minillm / llama.cpp = ratio | prefill 128 | prefill 512 | decode 128 (after 128) | peak RSS | decode share of bandwidth |",
                 "|---|---|---|---|---|---|"]
         for name, row in _engine_rows(rows):
             cells = [_cell(row[m], "**") for m in ("prefill128", "prefill512", "decode128")]
-            out.append(f"| {name} | {' | '.join(cells)} | {row['peak_rss_mb']:.0f} MiB ({row['weight_mb']:.0f} MiB weights) | {row['decode_bandwidth_share'] * 100:.0f}% |")
+            memory = f"{row['peak_rss_mb']:.0f} MiB ({row['weight_mb']:.0f} MiB weights" + (f", {row['file_mb']:.0f} MiB file)" if "file_mb" in row else ")")
+            out.append(f"| {name} | {' | '.join(cells)} | {memory} | {row['decode_bandwidth_share'] * 100:.0f}% |")
         if "transformers" in rows:
             out += ["", "transformers (torch 2.13, same threads), once:", ""]
             for dt, r in rows["transformers"].items():

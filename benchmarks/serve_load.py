@@ -1,11 +1,14 @@
 """Load on the OpenAI-compatible server: aggregate generated tok/s and time to first token at
 concurrency 1, 2, 4 and 8, on the default model, over loopback.
 
-    python benchmarks/serve_load.py [--dtype float32] [--requests-per-client 4] [--max-tokens 64]
+    python benchmarks/serve_load.py [--model PATH] [--dtype D] [--requests-per-client 4] [--max-tokens 64]
+                                    [--replicas N [--threads-per-replica T]]
 
 Starts `cli.py serve` on a free loopback port, warms it up, then for each concurrency level runs
 that many streaming clients, each sending the same number of requests back to back (distinct
 prompts, sampled with a seed). Every loop is bounded in count; the server is stopped at the end.
+With --replicas N it then does the same against `serve --replicas N` (Ray Serve, minillm[cluster])
+and prints both side by side: the same machine, the same run.
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -79,46 +83,58 @@ def level(base: str, clients: int, per_client: int, max_tokens: int) -> dict:
     }
 
 
+def measure(args, extra: list[str]) -> list[dict]:
+    """Start a server (cli.py serve + extra flags), run every concurrency level, stop it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--max-batch", "8", "--ctx", "1024",
+           "--model-name", "bench"] + (["--model", args.model] if args.model else []) + (["--dtype", args.dtype] if args.dtype else [])
+    server = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("the server did not start")
+        level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
+        return [level(base, int(c), args.requests_per_client, args.max_tokens) for c in args.levels.split(",")]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", help="checkpoint directory or GGUF file (default: the default model)")
+    ap.add_argument("--dtype", help="as cli.py serve takes it (default: float32, or a GGUF as stored)")
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--replicas", type=int, help="also measure serve --replicas N on Ray Serve, in the same run")
+    ap.add_argument("--threads-per-replica", type=int, default=1)
     args = ap.parse_args()
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--dtype", args.dtype,
-         "--max-batch", "8", "--ctx", "1024", "--model-name", "bench"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ),
-    )
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit("the server did not start: " + server.stderr.read().decode()[-2000:])
-        level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
-        rows = [level(base, int(c), args.requests_per_client, args.max_tokens) for c in args.levels.split(",")]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    runs = {"single server": measure(args, [])}
+    if args.replicas:
+        name = f"{args.replicas} replicas x {args.threads_per_replica} thread"
+        runs[name] = measure(args, ["--replicas", str(args.replicas), "--threads-per-replica", str(args.threads_per_replica)])
 
-    one = rows[0]["aggregate_tok_s"]
-    print(f"\nserver load, {args.dtype}, max_tokens {args.max_tokens}, {args.requests_per_client} requests per client, loopback")
-    print("| concurrency | requests | aggregate tok/s | x concurrency 1 | TTFT p50 | TTFT p99 |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['concurrency']} | {r['requests']} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
-              f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
+    what = f"{Path(args.model).name if args.model else 'default model'}, {args.dtype or 'default precision'}"
+    print(f"\nserver load, {what}, max_tokens {args.max_tokens}, {args.requests_per_client} requests per client, loopback")
+    print("| server | concurrency | requests | aggregate tok/s | x concurrency 1 | TTFT p50 | TTFT p99 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, rows in runs.items():
+        one = rows[0]["aggregate_tok_s"]
+        for r in rows:
+            print(f"| {name} | {r['concurrency']} | {r['requests']} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
+                  f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
     out = ROOT / "benchmarks" / "serve_results.json"
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "dtype": args.dtype, "levels": rows}, indent=2) + "\n")
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "model": args.model, "dtype": args.dtype, "runs": runs}, indent=2) + "\n")
     print(f"\nwrote {out}")
 
 

@@ -140,13 +140,13 @@ def _prepare_operand(w, xo, xs, x, b):
 
 def chunk_operand(w, x, xo):
     """The activations weight_dot_chunks reads against w's rows: xo (prepare_operand's) for
-    bfloat16 and int8 weights, x itself for float32."""
+    bfloat16 and int8 weights, x itself for float32 and block formats."""
     raise NotImplementedError
 
 
 @overload(chunk_operand)
 def _chunk_operand(w, x, xo):
-    if w.dtype == types.float32:
+    if w.dtype in (types.float32, types.uint8):  # float32 weights and block formats read x itself
         return lambda w, x, xo: x
     return lambda w, x, xo: xo
 

@@ -1,6 +1,7 @@
 """Linear layers with weights in HF's (out, in) layout: y = x @ W.T, a dot product per output row.
 
-Weights come at any precision of kernels.quant (float32, bfloat16 bits, int8 + scales);
+Weights come at any precision of kernels.quant (float32, bfloat16 bits, int8 + scales, GGUF
+block formats);
 accumulation is always float32, and every output equals row_dot of its row and token (the
 decode path) to the last bit.
 """
@@ -10,18 +11,49 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .activation_prep import activation, chunk_operand, operand_buffers, prepare_operand
+from .blocks import block_product
 from .ir_blocks import QBLOCK
 from .jit import EXACT_MATH, kernel
-from .quant import chunked_len, weight_at
-from .weight_products import bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, tile_dot_4x4
+from .quant import block_format, chunked_len, weight_at
+from .weight_products import (
+    bf16_tile_dot_2x8, bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, streamed_bf16_tile_dot_4x4, streamed_tile_dot_4x4, tile_dot_2x8,
+    tile_dot_4x4,
+)
 
 # Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
 # slower).
 ROWS_PER_TASK = 8
 
 
-@kernel(fastmath=EXACT_MATH)
 def matvec(out, x, w, s):
+    """One token: W (N, K) @ x (K,) -> out (N,), at any weight precision."""
+    if w.dtype == np.uint8:
+        block_matmul(out.reshape(1, -1), x.reshape(1, -1), w, s)
+    else:
+        dense_matvec(out, x, w, s)
+
+
+def matmul(out, x, w, s):
+    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision."""
+    if w.dtype == np.uint8:
+        block_matmul(out, x, w, s)
+    else:
+        dense_matmul(out, x, w, s)
+
+
+@kernel(fastmath=EXACT_MATH)
+def block_matmul(out, x, w, s):
+    """x (T, K) @ W (N, K).T for block-format weights (kernels.blocks): tasks of rows, each in
+    tiles of 4 rows x 4 tokens that dequantize a row's chunk once for four tokens."""
+    N = w.shape[0]
+    fmt = block_format(s)
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        block_product(fmt, out, 0, w, n0, min(N, n0 + ROWS_PER_TASK), x)
+
+
+@kernel(fastmath=EXACT_MATH)
+def dense_matvec(out, x, w, s):
     """One token: W (N, K) @ x (K,) -> out (N,). Parallel over blocks of output rows."""
     N, K = w.shape
     x2 = x.reshape((1, K))
@@ -49,6 +81,25 @@ def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
         return lambda w, s, n, xo, xs, t, table: int8_tile_dot_4x4(w, s, n, xo, xs, t, table)
 
 
+def streamed_tile(R, w, s, n, xo, t):
+    """Rows n.. of float32 or bfloat16 weights against tokens t.. of xo (as prepared_tile_4x4):
+    R = 2 rows x 8 tokens or 4 x 4, 16 sums token-major, each equal to the decode's dot product;
+    the rows prefetched a page ahead, as decode's batches read them from memory."""
+    raise NotImplementedError
+
+
+@overload(streamed_tile, prefer_literal=True, inline="always")
+def _streamed_tile(R, w, s, n, xo, t):
+    two = isinstance(R, types.IntegerLiteral) and R.literal_value == 2
+    if w.dtype == types.float32:
+        tile = tile_dot_2x8 if two else streamed_tile_dot_4x4
+    elif w.dtype == types.uint16:
+        tile = bf16_tile_dot_2x8 if two else streamed_bf16_tile_dot_4x4
+    else:
+        return None
+    return lambda R, w, s, n, xo, t: tile(w, n, xo, t)
+
+
 def tile_scratch(w, K):
     """The `table` prepared_tile_4x4 needs for rows of K: 16 floats per int8 block, else none."""
     raise NotImplementedError
@@ -61,8 +112,8 @@ def _tile_scratch(w, K):
 
 
 @kernel(fastmath=EXACT_MATH)
-def matmul(out, x, w, s):
-    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision.
+def dense_matmul(out, x, w, s):
+    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N) for float32, bfloat16 or int8 weights.
 
     x is prepared once (kernels.quant.prepare_operand: rounded to bfloat16 against bfloat16
     weights, quantized to int16 per block against int8, used as it is against float32). Then
@@ -89,10 +140,10 @@ def matmul(out, x, w, s):
             while n + 4 <= n1:
                 # literal indices below: a tuple indexed at run time is slow
                 d = prepared_tile_4x4(w, s, n, xc, xs, t, table)
-                _store4(out, t, n, d[0], d[1], d[2], d[3], w, s, n, x, full)
-                _store4(out, t + 1, n, d[4], d[5], d[6], d[7], w, s, n, x, full)
-                _store4(out, t + 2, n, d[8], d[9], d[10], d[11], w, s, n, x, full)
-                _store4(out, t + 3, n, d[12], d[13], d[14], d[15], w, s, n, x, full)
+                store4(out, t, n, d[0], d[1], d[2], d[3], w, s, n, x, full)
+                store4(out, t + 1, n, d[4], d[5], d[6], d[7], w, s, n, x, full)
+                store4(out, t + 2, n, d[8], d[9], d[10], d[11], w, s, n, x, full)
+                store4(out, t + 3, n, d[12], d[13], d[14], d[15], w, s, n, x, full)
                 n += 4
             for n in range(n, n1):  # the last rows of a partial block
                 for tt in range(t, t + 4):
@@ -104,12 +155,20 @@ def matmul(out, x, w, s):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")  # 16 calls per register tile: no call overhead
-def _store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
-    """out[t, n..n+3] = the four sums of token t against rows r..r+3 of w, tails added."""
+def store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
+    """out[t, n..n+3] = the four sums of token t against rows r..r+3 of w, tails added (x[t, k]
+    past `full`, in sequence, as row_dot adds them)."""
     out[t, n] = _finish(s0, w, s, r, x, t, full)
     out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
     out[t, n + 2] = _finish(s2, w, s, r + 2, x, t, full)
     out[t, n + 3] = _finish(s3, w, s, r + 3, x, t, full)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def store2(out, t, n, s0, s1, w, s, r, x, full):
+    """out[t, n..n+1] = the two sums of token t against rows r, r+1 of w, tails added."""
+    out[t, n] = _finish(s0, w, s, r, x, t, full)
+    out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")

@@ -1,6 +1,8 @@
 """Weight precisions: float32, bfloat16 (kept as uint16 bit patterns) and int8 in symmetric blocks
 of 32 along the input dimension with one float16 scale each (uint16 bits), as llama.cpp's Q8_0:
 34 bytes per 32 weights. Every weight q * scale is exact in float32 (8 + 11 significant bits).
+And GGUF block formats as stored (kernels.blocks): uint8 rows of raw blocks, whose `s` is a
+(1, 1) array holding the ggml type (block_format).
 
 Here: converting and quantizing weights at load (to_bf16, quantize_int8), reading one weight or
 row as float32 (weight_at, row_get, gather_rows, dequantize), and how much of a row the vector
@@ -12,6 +14,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .blocks import block_row_get
 from .ir_blocks import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
 
@@ -33,8 +36,20 @@ def chunked_len(w, K):
 
 @overload(chunked_len)
 def _chunked_len(w, K):
+    if w.dtype == types.uint8:  # block formats: whole blocks, no tail
+        return lambda w, K: K
     chunk = {types.uint16: BF16_CHUNK, types.int8: QBLOCK}.get(w.dtype, LANES)
     return lambda w, K: K - K % chunk
+
+
+def block_format(s):
+    """The ggml type of a block-format matrix, from its `s` (a (1, 1) array)."""
+    raise NotImplementedError
+
+
+@overload(block_format, inline="always")
+def _block_format(s):
+    return lambda s: np.int64(s[0, 0])
 
 
 @intrinsic
@@ -75,11 +90,21 @@ def _weight_at(w, s, n, k):
         return lambda w, s, n, k: np.float32(w[n, k]) * f16_value(s[n, k // QBLOCK])
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
 def row_get(w, s, n, out):
     """out[:] = w[n, :] as float32 (an embedding row, or a row dequantized for a test)."""
-    for k in range(w.shape[1]):
-        out[k] = weight_at(w, s, n, k)
+    raise NotImplementedError
+
+
+@overload(row_get, jit_options={"fastmath": EXACT_MATH})
+def _row_get(w, s, n, out):
+    if w.dtype == types.uint8:
+        return lambda w, s, n, out: block_row_get(block_format(s), w, n, out)
+
+    def get(w, s, n, out):
+        for k in range(w.shape[1]):
+            out[k] = weight_at(w, s, n, k)
+
+    return get
 
 
 @kernel()
@@ -191,3 +216,29 @@ def dequantize(out, w, s):
     N, K = w.shape
     for n in prange(N):
         row_get(w, s, n, out[n])
+
+
+Q4_0_BYTES = 18  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
+
+
+@kernel()
+def quantize_q4_0(q, w):
+    """float32 (N, K) -> Q4_0 blocks (N, K / 32 * 18 bytes), bit for bit as gguf-py's (and
+    llama.cpp's reference) quantizer: d = the block's largest-magnitude value / -8, levels
+    trunc(w / d + 8.5) clipped to 0..15, d stored as float16. K must be a multiple of 32."""
+    N, K = w.shape
+    for n in prange(N):
+        for blk in range(K // QBLOCK):
+            k0, o = blk * QBLOCK, blk * Q4_0_BYTES
+            top = w[n, k0]
+            for k in range(k0, k0 + QBLOCK):  # the first of the largest magnitude, sign kept
+                if abs(w[n, k]) > abs(top):
+                    top = w[n, k]
+            d = top / np.float32(-8.0)
+            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+            bits = f16_bits(d)
+            q[n, o], q[n, o + 1] = np.uint8(bits & 0xFF), np.uint8(bits >> 8)
+            for j in range(16):
+                lo = min(15, np.uint8(np.trunc(w[n, k0 + j] * inv + np.float32(8.5))))
+                hi = min(15, np.uint8(np.trunc(w[n, k0 + 16 + j] * inv + np.float32(8.5))))
+                q[n, o + 2 + j] = np.uint8(lo | (hi << 4))

@@ -181,52 +181,43 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
     return sig, codegen
 
 
-@intrinsic
-def tile_dot_4x4(typingctx, tile, r, x, t):
-    """Rows r..r+3 of a float32 tile against tokens t..t+3 of x, full chunks: 16 sums.
+def _dense_tile(R, G, bf16, prefetch=False):
+    """An intrinsic for rows n..n+R-1 of float32 (or bfloat16 bits, against bfloat16 tokens) and
+    tokens t..t+G-1 (R G = 16), over the full chunks: 16 sums, each equal to weight_dot_chunks
+    of the pair (the same steps and tree), token-major: (t, n), (t, n+1), .., (t+G-1, n+R-1).
+    prefetch: ask for the rows PREFETCH_BYTES ahead (rows that stream from memory: decode)."""
 
-    The same chunk order and tree as dot_chunks, so each result equals the single dot product;
-    16 accumulators share 8 loads per chunk, so the loop is bound by FMAs rather than loads.
-    Returns the sums row-major by token: (t, r), (t, r+1), .., (t+3, r+3).
-    """
-    sig = types.UniTuple(types.float32, 16)(tile, r, x, t)
+    def typer(typingctx, w, n, x, t):
+        sig = types.UniTuple(types.float32, 16)(w, n, x, t)
 
-    def codegen(context, builder, signature, args):
-        tarr = context.make_array(signature.args[0])(context, builder, args[0])
-        xarr = context.make_array(signature.args[2])(context, builder, args[2])
-        K = builder.extract_value(xarr.shape, 1)
-        tK = builder.extract_value(tarr.shape, 1)
-        r0 = as_i64(builder, args[1], None)
-        t0 = as_i64(builder, args[3], None)
-        w = [builder.gep(tarr.data, [builder.mul(builder.add(r0, I64(j)), tK)], source_etype=F32) for j in range(4)]
-        xs = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=F32) for j in range(4)]
-        result = tile_4x4(builder, w, xs, K)
-        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
-        return context.make_tuple(builder, signature.return_type, sums)
+        def codegen(context, builder, signature, args):
+            warr = context.make_array(signature.args[0])(context, builder, args[0])
+            xarr = context.make_array(signature.args[2])(context, builder, args[2])
+            wK, K = builder.extract_value(warr.shape, 1), builder.extract_value(xarr.shape, 1)
+            n0, t0 = as_i64(builder, args[1], None), as_i64(builder, args[3], None)
+            elem = I16 if bf16 else F32
+            rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(R)]
+            toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(G)]
+            ahead = PREFETCH_BYTES if prefetch else 0
+            if bf16:
+                result = tile_4x4(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
+                                  prefetch_bytes=ahead)
+            else:
+                result = tile_4x4(builder, rows, toks, K, prefetch_bytes=ahead)
+            sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
+            return context.make_tuple(builder, signature.return_type, sums)
 
-    return sig, codegen
+        return sig, codegen
+
+    return intrinsic(typer)
 
 
-@intrinsic
-def bf16_tile_dot_4x4(typingctx, w, n, xb, t):
-    """bfloat16 weight rows n..n+3 against bfloat16 tokens t..t+3 of xb (round_bf16_chunks), over
-    the full 32-element chunks: 16 sums, each equal to weight_dot_chunks of the pair (the same
-    vdpbf16ps steps and tree). Returns them row-major by token, as tile_dot_4x4.
-    """
-    sig = types.UniTuple(types.float32, 16)(w, n, xb, t)
-
-    def codegen(context, builder, signature, args):
-        warr = context.make_array(signature.args[0])(context, builder, args[0])
-        xarr = context.make_array(signature.args[2])(context, builder, args[2])
-        K = builder.extract_value(warr.shape, 1)
-        n0, t0 = as_i64(builder, args[1], None), as_i64(builder, args[3], None)
-        rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(j)), K)], source_etype=I16) for j in range(4)]
-        toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
-        result = tile_4x4(builder, rows, toks, K, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS)
-        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
-        return context.make_tuple(builder, signature.return_type, sums)
-
-    return sig, codegen
+tile_dot_4x4 = _dense_tile(4, 4, bf16=False)  # float32 rows x float32 tokens
+tile_dot_2x8 = _dense_tile(2, 8, bf16=False, prefetch=True)  # decode's batches of 8: rows from memory
+bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
+streamed_tile_dot_4x4 = _dense_tile(4, 4, bf16=False, prefetch=True)  # decode's batches of 4 to 7
+streamed_bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True, prefetch=True)
+bf16_tile_dot_2x8 = _dense_tile(2, 8, bf16=True, prefetch=True)
 
 
 @intrinsic

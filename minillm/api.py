@@ -31,12 +31,37 @@ if TYPE_CHECKING:
     from .structured import GrammarCompiler
 
 
+class LLMFiles:
+    """What needs only a model's tokenizer and config files: the tokenizer (with the chat
+    template), the end-of-sequence ids and the grammar compiler. An LLM has one; so does the
+    ingress of a cluster (minillm.cluster), which holds no weights."""
+
+    def __init__(self, model_dir: Path, config):
+        self.model_dir, self.config = Path(model_dir), config
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """Loaded on first use: `logits` on token ids needs no tokenizer files."""
+        return Tokenizer(self.model_dir)
+
+    @cached_property
+    def eos_ids(self) -> tuple[int, ...]:
+        return _eos_ids(self.model_dir, self.config.eos_token_id, self.tokenizer)
+
+    @cached_property
+    def grammars(self) -> "GrammarCompiler":
+        """Structured output for this model's tokenizer (minillm.structured; needs llguidance)."""
+        from .structured import GrammarCompiler
+
+        return GrammarCompiler(self.model_dir / "tokenizer.json", self.config.vocab_size, self.eos_ids)
+
+
 class LLM:
     def __init__(
         self,
         model_dir: str | Path | None = None,
         ctx: int | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         progress: bool = True,
         check_weights: bool = False,
         max_batch: int = 8,
@@ -48,33 +73,41 @@ class LLM:
             from .default_model import default_model_dir
 
             model_dir = default_model_dir(progress=progress)
-        self.model_dir = Path(model_dir)
-        self.model = Model.load(self.model_dir, ctx=ctx, dtype=dtype, check_finite=check_weights)
+        self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
+        self.model = Model.load(self.source, ctx=ctx, dtype=dtype, check_finite=check_weights)
+        # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
+        self.model_dir = tokenizer_files(self.source)[0]
+        self.files = LLMFiles(self.model_dir, self.model.config)
 
-    @cached_property
+    @property
     def tokenizer(self) -> Tokenizer:
-        """Loaded on first use: `logits` on token ids needs no tokenizer files."""
-        return Tokenizer(self.model_dir)
+        return self.files.tokenizer
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self.files.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: tuple[int, ...]) -> None:
+        """Override the end-of-sequence ids (() lets every reply run to max_tokens)."""
+        self.files.eos_ids = tuple(ids)
+
+    @property
+    def grammars(self) -> "GrammarCompiler":
+        return self.files.grammars
 
     @cached_property
     def engine(self) -> Engine:
         """The batching engine thread, started on first use."""
         return Engine(self.model, max_batch=self.max_batch, max_queue=self.max_queue, cache_mb=self.cache_mb)
 
-    @cached_property
-    def eos_ids(self) -> tuple[int, ...]:
-        return _eos_ids(self.model_dir, self.model.config.eos_token_id, self.tokenizer)
-
     @property
     def config(self):
         return self.model.config
 
-    @cached_property
-    def grammars(self) -> "GrammarCompiler":
-        """Structured output for this model's tokenizer (minillm.structured; needs llguidance)."""
-        from .structured import GrammarCompiler
-
-        return GrammarCompiler(self.model_dir / "tokenizer.json", self.model.config.vocab_size, self.eos_ids)
+    def health(self) -> dict:
+        """{"status": "ok"} while the engine thread runs (the server's /health)."""
+        return {"status": "ok" if self.engine.alive else "the engine thread stopped"}
 
     # ------------------------------------------------------------------ text in, text out
 
@@ -151,20 +184,38 @@ class LLM:
 def load(
     model_dir: str | Path | None = None,
     ctx: int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     progress: bool = True,
     check_weights: bool = False,
     **engine,
 ) -> LLM:
-    """Load an HF checkpoint directory, or the default model when `model_dir` is None.
+    """Load an HF checkpoint directory or a GGUF file, or the default model when `model_dir` is None.
 
-    dtype: "float32" (default; exact), "bfloat16" or "int8" (blocks of 32 with a scale each).
+    dtype: how weights are kept. A directory's are converted at load: "float32" (default;
+    exact), "bfloat16", "int8" (blocks of 32 with a scale each) or "q4_0" (4-bit blocks, as
+    llama.cpp's Q4_0). A GGUF's run as stored ("gguf", the default; every block format gives
+    exactly the logits of its dequantized float32 weights), or are converted to one of those.
     check_weights: reject weights containing NaN or Inf (reads every weight once at load).
     max_batch / max_queue: sequences decoded together, and requests allowed to wait.
     cache_mb: memory for the prefix cache, which lets requests that share a prefix (a chat's
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     """
     return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights, **engine)
+
+
+def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:
+    """(the directory with tokenizer.json, tokenizer_config.json and generation_config.json, the
+    config.json to read) for a checkpoint directory, a GGUF file (its tokenizer rebuilt from
+    the metadata once, kept in the model store) or None (the default model)."""
+    from .default_model import default_model_dir, weights_dir
+
+    source = default_model_dir(progress=False) if source is None else Path(source)
+    if source.is_dir():
+        return source, source / "config.json"
+    from .gguf_file import tokenizer_dir
+
+    files = tokenizer_dir(source, weights_dir() / "gguf-tokenizers")
+    return files, files / "config.json"
 
 
 def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ def peak_rss_mb() -> float:
 
 def run(
     model_dir: str | Path,
-    dtype: str = "float32",
+    dtype: str | None = None,
     prompt_tokens: int = 128,
     gen_tokens: int = 128,
     ctx: int | None = None,
@@ -53,7 +53,7 @@ def run(
 
     return {
         "model": str(model_dir),
-        "dtype": dtype,
+        "dtype": model.dtype,
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
         "prefill_tok_s": prompt_tokens / ttft_s,

@@ -1,5 +1,6 @@
-"""Loading an HF checkpoint directory into weights at the compute precision (float32, bfloat16
-bits or int8 blocks), with HF names and (out, in) layouts.
+"""Loading an HF checkpoint directory or a GGUF file into weights at the compute precision
+(float32, bfloat16 bits, int8 blocks, Q4_0 blocks, or a GGUF's block formats as stored), with HF
+names and (out, in) layouts.
 
 This is the one boundary for weight names: every expected tensor is checked for presence and
 shape here, before any kernel can see it (a Numba kernel does not check bounds).
@@ -22,7 +23,8 @@ from .safetensors_io import SafetensorsFile
 HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-DTYPES = ("float32", "bfloat16", "int8")
+DTYPES = ("float32", "bfloat16", "int8", "q4_0")  # what weights can be converted to at load
+GGUF_STORED = "gguf"  # a GGUF file's tensors as stored
 NO_SCALES = np.zeros((1, 1), np.float32)  # the `s` of a float32 or bfloat16 Linear
 CONVERT_CHUNK = 1 << 22  # elements converted at a time, so conversion needs no full float32 copy
 
@@ -31,8 +33,8 @@ CONVERT_CHUNK = 1 << 22  # elements converted at a time, so conversion needs no 
 class Linear:
     """A weight matrix (N, K) at the compute precision, with its int8 scales and optional bias."""
 
-    w: np.ndarray  # float32 | uint16 (bfloat16 bits) | int8
-    s: np.ndarray  # int8: (N, ceil(K / 32)) float16 scales as uint16 bits; otherwise NO_SCALES
+    w: np.ndarray  # float32 | uint16 (bfloat16 bits) | int8 | uint8 (rows of GGUF blocks)
+    s: np.ndarray  # int8: (N, ceil(K / 32)) float16 scales as uint16 bits; blocks: [[ggml type]]; else NO_SCALES
     b: np.ndarray | None = None  # (N,) float32
 
     @property
@@ -203,44 +205,110 @@ def _shard_path(model_dir: Path, index: Path, shard) -> Path:
 
 
 def load_checkpoint(
-    model_dir: str | Path, dtype: str = "float32", check_finite: bool = False
+    source: str | Path, dtype: str | None = None, check_finite: bool = False
 ) -> tuple[ModelConfig, Weights]:
-    """Config and weights at the compute precision `dtype`, checked against each other."""
-    if dtype not in DTYPES:
-        raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise CheckpointError(f"{model_dir}: not a model directory")
-    cfg = ModelConfig.from_file(model_dir / "config.json")
-    owner = open_shards(model_dir)
+    """Config and weights, checked against each other, from an HF checkpoint directory or a GGUF
+    file. dtype: a precision of DTYPES the weights are converted to at load (default float32),
+    or for a GGUF file by default "gguf": its tensors as stored (GGUF_STORED)."""
+    source = Path(source)
+    if dtype is not None and dtype not in DTYPES + (GGUF_STORED,):
+        raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES + (GGUF_STORED,))}")
+    if source.is_file():
+        return _load_gguf(source, dtype or GGUF_STORED, check_finite)
+    if dtype == GGUF_STORED:
+        raise CheckpointError(f"{source}: dtype {GGUF_STORED!r} is for GGUF files, not checkpoint directories")
+    if not source.is_dir():
+        raise CheckpointError(f"{source}: not a model directory or GGUF file")
+    dtype = dtype or "float32"
+    cfg = ModelConfig.from_file(source / "config.json")
+    owner = open_shards(source)
     if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
         # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
         cfg = replace(cfg, tie_word_embeddings=True)
     shapes = expected_shapes(cfg)
-
     check_tensor_set(
         {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
-        where=lambda name: owner[name].path if name in owner else model_dir,
+        where=lambda name: owner[name].path if name in owner else source,
         ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
     )
 
-    def vector(name: str) -> np.ndarray | None:
-        if name not in shapes:
-            return None
+    def vector(name: str) -> np.ndarray:
         arr = np.array(owner[name].float32(name), dtype=np.float32)  # small: a private copy
         if check_finite:
             require_finite(arr, owner[name].path, name)
         return arr
 
+    def matrix(name: str) -> tuple[np.ndarray, np.ndarray]:
+        f = owner[name]
+        stored = f.tensors[name].dtype
+        if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):  # the mapped file itself
+            w = f.raw(name)
+            if not w.flags.aligned:  # odd data offsets: Numba wants aligned arrays
+                w = w.copy()
+            if check_finite:
+                _check_finite(f, name, w if stored == "F32" else None)
+            return w, NO_SCALES
+        return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, dtype, f.path, name, check_finite)
+
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector)
+
+
+def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig, Weights]:
+    """A GGUF file's weights: as stored (block formats run by kernels.blocks; a file of F32 or of
+    BF16 matrices only runs on the float32 or bfloat16 kernels), or converted to `dtype`."""
+    import kernels as K
+
+    from .gguf_file import GGUFModel
+
+    model = GGUFModel(path)
+    cfg, shapes = model.cfg, expected_shapes(model.cfg)
+    if dtype == GGUF_STORED:
+        types = {model.ggml_type(name) for name, shape in shapes.items() if len(shape) == 2}
+        dtype = {frozenset({0}): "float32", frozenset({30}): "bfloat16"}.get(frozenset(types), GGUF_STORED)
+        as_stored = True
+    else:
+        as_stored = False
+
+    def vector(name: str) -> np.ndarray:
+        arr = model.float32(name)
+        if check_finite:
+            require_finite(arr, path, name)
+        return arr
+
+    def matrix(name: str) -> tuple[np.ndarray, np.ndarray]:
+        if not as_stored:  # converted: dequantized whole (one tensor at a time), then packed
+            w = model.float32(name)
+            return pack(lambda r0, r1: w[r0:r1], w.shape, dtype, path, name, check_finite)
+        w = model.stored(name, as_bytes=dtype == GGUF_STORED)
+        if check_finite:
+            rows = model.float32(name)
+            require_finite(rows, path, name)
+        if dtype != GGUF_STORED:  # an F32 or BF16 file: float32 or bfloat16 bits
+            return w, NO_SCALES
+        ggml_type = model.ggml_type(name)
+        if ggml_type not in K.BLOCK_FORMATS:
+            raise CheckpointError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which minillm cannot run as stored; use --dtype float32")
+        if shapes[name][1] % K.BLOCK_FORMATS[ggml_type][0]:
+            raise CheckpointError(f"{path}: tensor {name!r} rows of {shapes[name][1]} are not whole blocks of 32; use --dtype float32")
+        return w, np.array([[ggml_type]], np.uint16)
+
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector)
+
+
+def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector) -> Weights:
+    """Weights from a checked tensor source: matrix(name) -> (w, s), vector(name) -> float32."""
+
     def norm(name: str | None) -> np.ndarray | None:
-        w = vector(name + ".weight") if name is not None else None
-        if w is not None and cfg.norm_offset:
+        if name is None or name + ".weight" not in shapes:
+            return None
+        w = vector(name + ".weight")
+        if cfg.norm_offset:
             w = np.float32(1.0) + w  # x * (1 + w): the sum in float32, as transformers forms it
         return w
 
     def linear(prefix: str) -> Linear:
-        name = prefix + ".weight"
-        return Linear(*pack(owner[name], name, dtype, check_finite), b=vector(prefix + ".bias"))
+        bias = vector(prefix + ".bias") if prefix + ".bias" in shapes else None
+        return Linear(*matrix(prefix + ".weight"), b=bias)
 
     layers = []
     for i in range(cfg.num_hidden_layers):
@@ -260,7 +328,7 @@ def load_checkpoint(
         )
     embed = linear("model.embed_tokens")
     lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
-    return cfg, Weights(dtype, embed, layers, norm("model.norm"), lm_head)
+    return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
 
 
 def split_rows(lin: Linear, *sizes: int) -> list[Linear]:
@@ -274,46 +342,43 @@ def split_rows(lin: Linear, *sizes: int) -> list[Linear]:
     return parts
 
 
-def pack(f: SafetensorsFile, name: str, dtype: str, check_finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """A 2-D tensor at the compute precision: (w, s).
-
-    Where the stored dtype is the compute dtype (F32 -> float32, BF16 -> bfloat16) the result is
-    a view of the memory-mapped file: no copy. Otherwise rows are read and converted in chunks.
-    """
+def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D tensor converted to the compute precision `dtype`, rows read as float32 by
+    read_rows(start, stop) in chunks, so conversion needs no full float32 copy: (w, s)."""
     import kernels as K
 
-    stored = f.tensors[name].dtype
-    N, Kdim = f.tensors[name].shape
-    if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):
-        w = f.raw(name)
-        if not w.flags.aligned:  # odd data offsets: Numba wants aligned arrays
-            w = w.copy()
-        if check_finite:
-            _check_finite(f, name, w if stored == "F32" else None)
-        return w, NO_SCALES
+    N, Kdim = shape
+    s = NO_SCALES
     if dtype == "float32":
         w = np.empty((N, Kdim), np.float32)
     elif dtype == "bfloat16":
         w = np.empty((N, Kdim), np.uint16)
-    else:
+    elif dtype == "int8":
         w = np.empty((N, Kdim), np.int8)
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
+    else:  # q4_0
+        if Kdim % K.QBLOCK:
+            raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of 32, as q4_0 needs")
+        w = np.empty((N, Kdim // K.QBLOCK * K.Q4_0_BYTES), np.uint8)
+        s = np.array([[K.Q4_0]], np.uint16)
     for r0, r1 in _row_chunks(N, Kdim):
-        rows = f.read_rows(name, r0, r1)
+        rows = read_rows(r0, r1)
         if check_finite:
-            require_finite(rows, f.path, name)
+            require_finite(rows, path, name)
         if dtype == "int8" and not np.abs(rows).max(initial=0.0) <= K.INT8_MAX_WEIGHT:
             raise CheckpointError(
-                f"{f.path}: tensor {name!r} has weights beyond {K.INT8_MAX_WEIGHT:.3g} (or NaN), "
+                f"{path}: tensor {name!r} has weights beyond {K.INT8_MAX_WEIGHT:.3g} (or NaN), "
                 "more than int8's float16 scales can hold; load it as float32 or bfloat16"
             )
         if dtype == "float32":
             w[r0:r1] = rows
         elif dtype == "bfloat16":
             K.to_bf16(w[r0:r1], np.ascontiguousarray(rows))
-        else:
+        elif dtype == "int8":
             K.quantize_int8(w[r0:r1], s[r0:r1], np.ascontiguousarray(rows))
-    return w, (s if dtype == "int8" else NO_SCALES)
+        else:
+            K.quantize_q4_0(w[r0:r1], np.ascontiguousarray(rows, dtype=np.float32))
+    return w, s
 
 
 def _row_chunks(N: int, Kdim: int):

@@ -41,13 +41,14 @@ def _torch():
 
 
 def load_oracle(model_dir: str | Path):
-    """transformers' model for `model_dir`, in float32 with eager attention."""
+    """transformers' model for `model_dir` (a checkpoint directory or a GGUF file), in float32
+    with eager attention."""
     torch = _torch()
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir)
     source, kwargs = model_dir, {}
-    gguf = gguf_source(model_dir)
+    gguf = model_dir if model_dir.is_file() else gguf_source(model_dir)
     if gguf is not None:
         source, kwargs = gguf.parent, {"gguf_file": gguf.name}
     try:

@@ -121,11 +121,13 @@ class RequestHandle:
         except RuntimeError:  # the reader's event loop is closed: nobody will read; stop generating
             self._cancelled.set()
 
-    # engine side
-    def _emit(self, item) -> None:
+    # the producer's side: the engine thread, or minillm.cluster relaying a replica's stream
+    def deliver(self, item) -> None:
+        """Hand the reader a TokenEvent, or an exception to raise from its iteration."""
         self._put(item)
 
-    def _finish(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
+        """End the stream with a finish_reason."""
         self.finish_reason = reason
         self._put(_END)
 
@@ -235,6 +237,11 @@ class Engine:
         return handle
 
     @property
+    def alive(self) -> bool:
+        """The engine thread is running (it survives request errors; this is for health checks)."""
+        return self._thread.is_alive()
+
+    @property
     def queue_depth(self) -> int:
         return len(self._pending)
 
@@ -277,7 +284,7 @@ class Engine:
         """Prefill a new request into a free slot and emit its first token."""
         handle = request.handle
         if handle.cancelled:
-            handle._finish("cancelled")
+            handle.finish("cancelled")
             return
         slot, cache = self.pool.acquire()
         seq = _Sequence(request, slot, cache, np.random.default_rng(request.params.seed))
@@ -340,7 +347,7 @@ class Engine:
             handle.first_token_at = time.perf_counter()
             self.stats.ttft_sum += handle.first_token_at - handle.submitted
             self.stats.ttft_count += 1
-        handle._emit(event)
+        handle.deliver(event)
         if request.constraint is not None and request.constraint.finished:
             return self._end(seq, "stop")
         if len(seq.generated) >= request.max_tokens:
@@ -361,13 +368,13 @@ class Engine:
         self.stats.finished += 1
         self.stats.latency_sum += time.perf_counter() - seq.request.handle.submitted
         self.stats.latency_count += 1
-        seq.request.handle._finish(reason)
+        seq.request.handle.finish(reason)
         return False
 
     def _fail(self, seq: _Sequence, error: Exception) -> None:
         self.pool.release(seq.slot)
         self.stats.errors += 1
-        seq.request.handle._emit(error)
+        seq.request.handle.deliver(error)
 
 
 def _logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tuple]:

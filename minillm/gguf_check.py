@@ -45,12 +45,10 @@ class GGUFLayout:
 
 
 def _tensor_sizes() -> dict[int, tuple[int, int]]:
-    """{ggml type: (elements per block, bytes per block)} for the types we can dequantize."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import _type_traits
+    """{ggml type: (elements per block, bytes per block)} for every type gguf-py knows."""
+    from gguf import GGML_QUANT_SIZES
 
-    known = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
-    return {int(t): GGML_QUANT_SIZES[t] for t in known if t in GGML_QUANT_SIZES}
+    return {int(t): size for t, size in GGML_QUANT_SIZES.items()}
 
 
 class _Cursor:

@@ -153,7 +153,7 @@ class DecodeWorkspace:
         # xn, att and gate as the weights' products read them (kernels.activation_prep):
         # bfloat16 bits, or int16 with a scale per block of 32; none for float32
         op_dtype = np.int16 if dtype == "int8" else np.uint16
-        op_rows = rows if dtype != "float32" else 0
+        op_rows = rows if dtype in ("bfloat16", "int8") else 0  # float32 and block formats read xn itself
         scale_rows = rows if dtype == "int8" else 0
         self.rows = rows
         self._full = K.DecodeBuffers(
@@ -212,9 +212,11 @@ class Model:
 
     @classmethod
     def load(
-        cls, model_dir: str | Path, ctx: int | None = None, dtype: str = "float32", check_finite: bool = False
+        cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False
     ) -> "Model":
-        cfg, weights = load_checkpoint(model_dir, dtype=dtype, check_finite=check_finite)
+        """From an HF checkpoint directory or a GGUF file (checkpoint.load_checkpoint); dtype None
+        is float32 for a directory and the stored formats for a GGUF."""
+        cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
         return cls(cfg, weights, ctx)
 
     def new_cache(self) -> KVCache:

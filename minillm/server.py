@@ -290,7 +290,9 @@ class Service:
             ("minillm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache", engine.prefix.hits),
             ("minillm:prefix_cache_blocks", "gauge", "Blocks held by the prefix cache", engine.prefix.blocks_used),
         ]
-        return "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in lines)
+        text = "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in lines)
+        extra = getattr(engine, "extra_metrics", None)  # a cluster's routing and replicas
+        return text + (extra() if extra is not None else "")
 
 
 def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -317,7 +319,8 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
     async def health():
         if service.llm is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        return {"status": "ok"}
+        report = await asyncio.to_thread(service.llm.health)  # a cluster's asks Ray for its replicas
+        return JSONResponse(report, status_code=200 if report["status"] == "ok" else 503)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -62,10 +62,10 @@ class GrammarCompiler:
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
         except ValueError as e:
             raise StructuredOutputError(f"{param}: {e}", param) from None
-        return self._constraint(grammar, param)
+        return self.compile(grammar, param)
 
     def lark(self, text: str, param: str) -> "Constraint":
-        return self._constraint(_llguidance().LLMatcher.grammar_from_lark(text), param)
+        return self.compile(_llguidance().LLMatcher.grammar_from_lark(text), param)
 
     def gbnf(self, text: str, param: str) -> "Constraint":
         llg = _llguidance()
@@ -75,25 +75,28 @@ class GrammarCompiler:
             lark = gbnf_to_lark(text)
         except Exception as e:  # its parser raises its own error types
             raise StructuredOutputError(f"{param}: not a valid GBNF grammar: {e}", param) from None
-        return self._constraint(llg.LLMatcher.grammar_from_lark(lark), param)
+        return self.compile(llg.LLMatcher.grammar_from_lark(lark), param)
 
     def regex(self, text: str, param: str) -> "Constraint":
-        return self._constraint(_llguidance().LLMatcher.grammar_from_regex(text), param)
+        return self.compile(_llguidance().LLMatcher.grammar_from_regex(text), param)
 
-    def _constraint(self, grammar: str, param: str) -> "Constraint":
+    def compile(self, grammar: str, param: str) -> "Constraint":
+        """A Constraint from a grammar in llguidance's form (what the methods above produce, and
+        Constraint.grammar holds, so another process can compile the same one)."""
         llg = _llguidance()
         error = llg.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
             raise StructuredOutputError(f"{param}: {error.splitlines()[0]}", param)
-        return Constraint(llg.LLMatcher(self._tokenizer, grammar, log_level=0), self.vocab_size)
+        return Constraint(llg.LLMatcher(self._tokenizer, grammar, log_level=0), self.vocab_size, grammar)
 
 
 class Constraint:
     """One request's grammar state: masks logits before each token, then consumes it."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, grammar: str):
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.grammar = grammar  # llguidance's form, for GrammarCompiler.compile
         self._bits = np.zeros((vocab_size + 31) // 32, np.int32)
 
     def apply(self, logits: np.ndarray) -> None:

@@ -136,8 +136,9 @@ BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "g
                "olmo2": CASES["olmo2"], "qwen3-window": CASES["qwen3-window"], "phi3-window": CASES["phi3-window"]}
 
 
-# every precision on llama; every architecture at float32 (the precisions share one path)
-@pytest.mark.parametrize("case,dtype", [("llama", d) for d in ("float32", "bfloat16", "int8")] + [(c, "float32") for c in list(BATCH_CASES)[1:]])
+# every precision on llama and on the new architectures' norm and activation paths
+@pytest.mark.parametrize("case,dtype", [("llama", d) for d in ("float32", "bfloat16", "int8")] + [(c, "float32") for c in list(BATCH_CASES)[1:]]
+                         + [("gemma3", "int8"), ("gemma3", "bfloat16"), ("olmo2", "int8"), ("qwen3-window", "bfloat16")])
 def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype, case):
     """Sequences of different lengths decoded together give exactly what each gives alone."""
     from minillm.cache import KVPool
@@ -177,3 +178,46 @@ def test_decode_equals_prefill_bit_for_bit_with_long_rows(tmp_path, dtype):
     cache = model.new_cache()
     steps = [model.forward(TOKENS[:4], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[4:12]]
     np.testing.assert_array_equal(np.stack(steps), full[3:])
+
+
+@pytest.mark.parametrize("case,dtype", [("gemma3", "bfloat16"), ("gemma3", "int8"), ("qwen3-tied", "int8"), ("olmo2", "bfloat16"), ("phi3", "int8")])
+def test_low_precision_stays_close_to_float32(tmp_path, case, dtype):
+    """The new architectures at bfloat16 and int8: logits near float32's and decode equal to prefill."""
+    options = dict(CASES[case])
+    options.pop("ctx", None)
+    make_checkpoint(tmp_path, **options)
+    exact = Model.load(tmp_path).forward(TOKENS, Model.load(tmp_path).new_cache(), all_logits=True)
+    model = Model.load(tmp_path, dtype=dtype)
+    low = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    assert np.abs(low - exact).max() < 0.1 * np.abs(exact).max()
+    assert ((low - exact) ** 2).mean() / exact.var() < 2e-3
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:9], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[9:20]]
+    np.testing.assert_array_equal(np.stack(steps), low[8:20])
+
+
+@pytest.mark.parametrize("batch", [5, 9])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_batches_of_four_and_eight_use_register_tiles_and_stay_bit_identical(tmp_path, dtype, batch):
+    """From four sequences on, decode multiplies weight rows into 4 x 4 register tiles, from eight
+    on 2 x 8 (kernels.decode._batch_tiles), the rest one row dot at a time; rows of 48 and 72
+    leave tails past the chunks. Every row of the batch equals that sequence decoded alone."""
+    from minillm.cache import KVPool
+
+    make_checkpoint(tmp_path, tie_word_embeddings=False)
+    model = Model.load(tmp_path, dtype=dtype)
+    prompts = [TOKENS[i : i + 2 + i] for i in range(batch)]
+    steps = [[int(t) for t in TOKENS[20 + i : 24 + i]] for i in range(batch)]
+    alone = []
+    for prompt, step in zip(prompts, steps):
+        cache = model.new_cache()
+        model.forward(prompt, cache)
+        alone.append(np.stack([model.forward([t], cache).copy() for t in step]))
+    pool = KVPool(model.config, model.ctx, batch)
+    held = [pool.acquire() for _ in prompts]
+    slots, caches = [s for s, _ in held], [c for _, c in held]
+    for prompt, cache in zip(prompts, caches):
+        model.forward(prompt, cache)
+    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(4)]
+    for b in range(batch):
+        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])

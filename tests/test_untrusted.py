@@ -268,7 +268,7 @@ def test_gguf_other_architecture_rejected(tmp_path):
 
     path = tmp_path / "m.gguf"
     path.write_bytes(gguf_bytes(kvs=[("general.architecture", 8, gguf_string("gpt2"))]))
-    with pytest.raises(GGUFError, match="only 'llama'"):
+    with pytest.raises(GGUFError, match="'gpt2'; supported: llama, qwen2, qwen3"):
         import_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -322,19 +322,20 @@ def test_hostile_chat_templates(default_model_dir, tmp_path, template, message):
 
 def test_gguf_merge_that_names_unknown_tokens(tmp_path):
     """A crafted merge list must end as our error, never a crash in the tokenizer builder."""
-    from minillm.gguf_import import _Metadata, build_tokenizer_json
+    from minillm.gguf_file import Metadata
+    from minillm.gguf_tokenizer import build_tokenizer_json
 
     values = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.tokens": ["a", "b"],
         "tokenizer.ggml.merges": ["a b c"],
     }
-    meta = _Metadata(values, tmp_path / "x.gguf")
+    meta = Metadata(values, tmp_path / "x.gguf")
     with pytest.raises(GGUFError, match="malformed merge"):
-        build_tokenizer_json(meta)
+        build_tokenizer_json(meta, "llama")
     values["tokenizer.ggml.merges"] = ["x y"]  # tokens absent from the vocabulary
     try:
-        build_tokenizer_json(meta)
+        build_tokenizer_json(meta, "llama")
     except GGUFError:
         pass
 
@@ -425,7 +426,7 @@ def _read_all_safetensors(path):
 
 
 def _read_all_gguf(path):
-    from minillm.gguf_import import gguf_tensors
+    from minillm.gguf_file import gguf_tensors
 
     layout = check_gguf(path)
     for _, w in gguf_tensors(path, layout):

@@ -1,0 +1,410 @@
+"""GGUF block formats run as stored: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) and
+Q4_K, Q5_K and Q6_K (super-blocks of 256), laid out as ggml and gguf-py define them, and F32, F16
+and BF16 rows beside them (read 32 weights at a time). A weight
+matrix is its rows of raw blocks, uint8 (N, bytes per row), straight from the memory-mapped file;
+the matrix's `s` holds its ggml type (kernels.quant.block_format).
+
+Each block is read once and dequantized in registers, 16 weights at a time, with exactly the
+roundings of gguf-py's `dequantize` (d * q, then + m or - dmin * m as separate operations, never
+fused), and meets float32 activations in the float32 path's fixed-order sum: one accumulator of
+16 lanes, a fused multiply-add per chunk of 16, the one reduction tree (ir_blocks). So a GGUF run
+gives, bit for bit, the logits of the same file dequantized to float32 and run at float32; and
+decode, batched decode and prefill agree to the bit, whatever the tile.
+
+A tile of R rows x G tokens dequantizes each row's chunk once for its G tokens: batched decode
+and prefill pay for the unpacking once per row, not once per sequence.
+"""
+
+from llvmlite import ir
+from numba import literal_unroll, njit, types
+from numba.extending import intrinsic, overload
+
+from .ir_blocks import F32, I32, I32_VEC, I64, LANES, PREFETCH_BYTES, VEC, as_i64, fma_vec, load_f32, loop, prefetch, reduce_tree, splat
+from .jit import EXACT_MATH
+
+# ggml type numbers
+F32_TYPE, F16_TYPE, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16_TYPE = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+# ggml type -> (weights per block, bytes per block); float rows are read 32 weights at a time
+FORMATS = {
+    F32_TYPE: (32, 128),
+    F16_TYPE: (32, 64),
+    BF16_TYPE: (32, 64),
+    Q4_0: (32, 18),
+    Q4_1: (32, 20),
+    Q5_0: (32, 22),
+    Q5_1: (32, 24),
+    Q8_0: (32, 34),
+    Q4_K: (256, 144),
+    Q5_K: (256, 176),
+    Q6_K: (256, 210),
+}
+NAMES = {F32_TYPE: "F32", F16_TYPE: "F16", BF16_TYPE: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+
+
+# ---------------------------------------------------------------- reading a block in IR
+
+
+def _bytes(b, bp, off, n):
+    """n bytes from bp + off as <n x i8>."""
+    ptr = b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), ir.VectorType(I8, n).as_pointer())
+    return b.load(ptr, align=1)
+
+
+def _byte(b, bp, off):
+    return b.load(b.gep(bp, [I64(off)], source_etype=I8), typ=I8, align=1)
+
+
+def _f16(b, bp, off):
+    """The float16 at bp + off, widened to float32 (exact)."""
+    bits = b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), I16.as_pointer()), align=1)
+    return b.fpext(b.bitcast(bits, ir.HalfType()), F32)
+
+
+def _word(b, bp, off):
+    return b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), I32.as_pointer()), align=1)
+
+
+def _k4_scale_min(b, bp, s):
+    """Sub-block s's 6-bit scale and minimum of a Q4_K / Q5_K super-block (12 bytes at bp + 4),
+    as float32 (ggml's get_scale_min_k4)."""
+    q = lambda k: b.zext(_byte(b, bp, 4 + k), I32)
+    c = lambda v: ir.Constant(I32, v)
+    if s < 4:
+        sc, m = b.and_(q(s), c(63)), b.and_(q(s + 4), c(63))
+    else:
+        sc = b.or_(b.and_(q(s + 4), c(15)), b.shl(b.lshr(q(s - 4), c(6)), c(4)))
+        m = b.or_(b.lshr(q(s + 4), c(4)), b.shl(b.lshr(q(s), c(6)), c(4)))
+    return b.uitofp(sc, F32), b.uitofp(m, F32)
+
+
+def _ivec(b, v, value):
+    return ir.Constant(ir.VectorType(I32, v.type.count), [value] * v.type.count)
+
+
+def _as_f32(b, ints):
+    return b.sitofp(ints, VEC)
+
+
+def _nibble_halves(b, q16):
+    """16 bytes -> (low nibbles, high nibbles) as <16 x i32>: weights 0..15 and 16..31."""
+    z = b.zext(q16, I32_VEC)
+    return b.and_(z, _ivec(b, z, 15)), b.lshr(z, _ivec(b, z, 4))
+
+
+def _high_bit_halves(b, word):
+    """Bits 0..15 and 16..31 of a 32-bit word as <16 x i32> of 0 or 16."""
+    v = b.insert_element(ir.Constant(I32_VEC, [0] * LANES), word, I32(0))
+    v = b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
+    out = []
+    for base in (0, 16):
+        bits = b.and_(b.lshr(v, ir.Constant(I32_VEC, list(range(base, base + 16)))), _ivec(b, v, 1))
+        out.append(b.shl(bits, _ivec(b, v, 4)))
+    return out
+
+
+def _permute_ready() -> bool:
+    """Whether this CPU has AVX-512's variable permutes (vpermps, vpermt2ps). Without them each
+    level is converted and scaled instead: the same values, two more float operations a chunk."""
+    from .cpu import host_features
+
+    return "avx512f" in host_features()
+
+
+def _level_values(b, levels, scale, offset=None, sub=0):
+    """The float32 value of every level q in `levels` (a list of ints): scale * (q - sub), then
+    + offset (or - offset when given negated), each rounded as gguf-py rounds it (no fusing).
+    As 16-lane vectors: one table per 16 levels."""
+    tables = []
+    for first in range(0, len(levels), LANES):
+        q = ir.Constant(VEC, [float(v - sub) for v in levels[first : first + LANES]])
+        t = b.fmul(splat(b, scale), q)
+        if offset is not None:
+            t = b.fadd(t, splat(b, offset[0])) if offset[1] > 0 else b.fsub(t, splat(b, offset[0]))
+        tables.append(t)
+    return tables
+
+
+def _pick(b, tables, idx, scale, offset=None, sub=0):
+    """The chunk of weights whose levels are idx (<16 x i32>): looked up in the block's value
+    tables (vpermps for 16 levels, vpermt2ps for 32), or computed level by level."""
+    if _permute_ready():
+        if len(tables) == 1:
+            fn = _intrinsic_fn(b, "llvm.x86.avx512.permvar.sf.512", VEC, [VEC, I32_VEC])
+            return b.call(fn, [tables[0], idx])
+        fn = _intrinsic_fn(b, "llvm.x86.avx512.vpermi2var.ps.512", VEC, [VEC, I32_VEC, VEC])
+        return b.call(fn, [tables[0], idx, tables[1]])
+    value = b.fmul(splat(b, scale), _as_f32(b, b.sub(idx, _ivec(b, idx, sub)) if sub else idx))
+    if offset is not None:
+        value = b.fadd(value, splat(b, offset[0])) if offset[1] > 0 else b.fsub(value, splat(b, offset[0]))
+    return value
+
+
+def _intrinsic_fn(b, name, ret, args):
+    from numba.core import cgutils
+
+    return cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, args), name)
+
+
+def dequant_chunks(b, fmt, bp):
+    """The block at bp as float32 chunks of 16 weights, in order, each weight computed as
+    gguf-py's dequantize computes it (the same roundings, no fused multiply-add). The 4- and
+    5-bit formats form each block's (or sub-block's) 16 or 32 possible values once and look the
+    levels up in them: the same products, a permute instead of a conversion and a multiply per
+    chunk (Q4_0 decode in cache ~1.5x)."""
+    if fmt == F32_TYPE:
+        return [load_f32(b, b.bitcast(bp, F32.as_pointer()), I64(h)) for h in (0, 16)]
+    if fmt == F16_TYPE:
+        halves = b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), 32).as_pointer()), align=1)
+        wide = b.fpext(halves, ir.VectorType(F32, 32))
+        return [b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
+    if fmt == BF16_TYPE:
+        bits = b.zext(b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1), ir.VectorType(I32, 32))
+        wide = b.shl(bits, ir.Constant(ir.VectorType(I32, 32), [16] * 32))
+        return [b.bitcast(b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))), VEC) for h in (0, 16)]
+    if fmt == Q8_0:
+        q = b.sext(_bytes(b, bp, 2, 32), ir.VectorType(I32, 32))
+        d = splat(b, _f16(b, bp, 0))
+        halves = [b.shuffle_vector(q, q, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
+        return [b.fmul(_as_f32(b, h), d) for h in halves]
+    if fmt in (Q4_0, Q4_1, Q5_0, Q5_1):
+        qs_at = {Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8}[fmt]
+        lo, hi = _nibble_halves(b, _bytes(b, bp, qs_at, 16))
+        n = 16
+        if fmt in (Q5_0, Q5_1):
+            hb = _high_bit_halves(b, _word(b, bp, 2 if fmt == Q5_0 else 4))
+            lo, hi, n = b.or_(lo, hb[0]), b.or_(hi, hb[1]), 32
+        d = _f16(b, bp, 0)
+        # Q4_0, Q5_0: d * (q - 8 or 16); Q4_1, Q5_1: d * q + m
+        sub = {Q4_0: 8, Q5_0: 16}.get(fmt, 0)
+        offset = (_f16(b, bp, 2), 1) if fmt in (Q4_1, Q5_1) else None
+        tables = _level_values(b, list(range(n)), d, offset, sub) if _permute_ready() else None
+        return [_pick(b, tables, h, d, offset, sub) for h in (lo, hi)]
+    if fmt in (Q4_K, Q5_K):
+        d, dmin = _f16(b, bp, 0), _f16(b, bp, 2)
+        qs_at = 16 if fmt == Q4_K else 48
+        n = 16 if fmt == Q4_K else 32
+        out = []
+        for s in range(8):
+            sc, m = _k4_scale_min(b, bp, s)
+            ds, dm = b.fmul(d, sc), b.fmul(dmin, m)  # each weight: ds * q - dm
+            tables = _level_values(b, list(range(n)), ds, (dm, -1)) if _permute_ready() else None
+            for h in (0, 16):
+                raw = b.zext(_bytes(b, bp, qs_at + 32 * (s // 2) + h, 16), I32_VEC)
+                q = b.and_(raw, _ivec(b, raw, 15)) if s % 2 == 0 else b.lshr(raw, _ivec(b, raw, 4))
+                if fmt == Q5_K:
+                    high = b.and_(b.lshr(b.zext(_bytes(b, bp, 16 + h, 16), I32_VEC), _ivec(b, raw, s)), _ivec(b, raw, 1))
+                    q = b.or_(q, b.shl(high, _ivec(b, raw, 4)))
+                out.append(_pick(b, tables, q, ds, (dm, -1)))
+        return out
+    if fmt == Q6_K:
+        d = _f16(b, bp, 208)
+        out = []
+        for s in range(8):
+            half, k = divmod(s, 4)
+            for h in (0, 16):
+                raw = b.zext(_bytes(b, bp, 64 * half + 32 * (k & 1) + h, 16), I32_VEC)
+                low = b.lshr(raw, _ivec(b, raw, 4)) if k >= 2 else b.and_(raw, _ivec(b, raw, 15))
+                high = b.and_(b.lshr(b.zext(_bytes(b, bp, 128 + 32 * half + h, 16), I32_VEC), _ivec(b, raw, 2 * k)), _ivec(b, raw, 3))
+                q = b.sub(b.or_(low, b.shl(high, _ivec(b, raw, 4))), _ivec(b, raw, 32))
+                sc = b.sitofp(_byte(b, bp, 192 + 8 * half + 2 * k + h // 16), F32)
+                out.append(b.fmul(splat(b, b.fmul(d, sc)), _as_f32(b, q)))
+        return out
+    raise ValueError(f"no block format {fmt}")
+
+
+# ---------------------------------------------------------------- tiles
+
+
+def _literal(v):
+    return v.literal_value if isinstance(v, types.IntegerLiteral) else None
+
+
+def _row_pointers(context, b, warr_ty, w, n0, count):
+    warr = context.make_array(warr_ty)(context, b, w)
+    row_bytes = b.extract_value(warr.shape, 1)
+    data = b.bitcast(warr.data, I8.as_pointer())
+    return [b.gep(data, [b.mul(b.add(n0, I64(r)), row_bytes)], source_etype=I8) for r in range(count)]
+
+
+def _block_at(b, row, i, fmt):
+    """Pointer to the block of `row` holding weight i (a multiple of the block size)."""
+    block, size = FORMATS[fmt]
+    return b.gep(row, [b.mul(b.sdiv(i, I64(block)), I64(size))], source_etype=I8)
+
+
+@intrinsic(prefer_literal=True)
+def block_tile(typingctx, fmt, R, G, w, n, x, t):
+    """Rows n..n+R-1 of block-format weights w (ggml type fmt; fmt, R and G compile-time
+    constants) against float32 tokens t..t+G-1 of x (T, K): the R*G sums, token-major ((t, n),
+    (t, n+1), .., (t+G-1, n+R-1)), each the float32 path's dot product of the dequantized row."""
+    F, nr, ng = _literal(fmt), _literal(R), _literal(G)
+    if F not in FORMATS or not nr or not ng or x.dtype != types.float32:
+        return None
+    block = FORMATS[F][0]
+    sig = types.UniTuple(types.float32, nr * ng)(fmt, R, G, w, n, x, t)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        xarr = context.make_array(signature.args[5])(context, b, args[5])
+        K = b.extract_value(xarr.shape, 1)
+        rows = _row_pointers(context, b, signature.args[3], args[3], as_i64(b, args[4], None), nr)
+        t0 = as_i64(b, args[6], None)
+        toks = [b.gep(xarr.data, [b.mul(b.add(t0, I64(g)), K)], source_etype=F32) for g in range(ng)]
+
+        def body(i, accs):
+            blocks = [_block_at(b, row, i, F) for row in rows]
+            # ask for the rows' data a page ahead: several rows side by side defeat the
+            # hardware prefetcher (Q4_0 decode from memory 3x faster with it)
+            for bp in blocks:
+                prefetch(b, b.gep(bp, [I64(PREFETCH_BYTES)], source_etype=I8))
+            chunks = [dequant_chunks(b, F, bp) for bp in blocks]
+            accs = list(accs)
+            for c in range(block // LANES):
+                e = b.add(i, I64(LANES * c))
+                xv = [load_f32(b, toks[g], e) for g in range(ng)]
+                for g in range(ng):
+                    for r in range(nr):
+                        accs[g * nr + r] = fma_vec(b, chunks[r][c], xv[g], accs[g * nr + r])
+            return accs
+
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        accs = loop(b, I64(0), K, block, [zero] * (nr * ng), body)
+        return context.make_tuple(b, signature.return_type, [reduce_tree(b, acc) for acc in accs])
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def dequantize_block_row(typingctx, fmt, w, n, out):
+    """out[:] = row n of block-format weights w (ggml type fmt, a compile-time constant) as
+    float32, bit for bit what gguf-py's dequantize gives (an embedding row)."""
+    F = _literal(fmt)
+    if F not in FORMATS:
+        return None
+    block = FORMATS[F][0]
+    sig = types.void(fmt, w, n, out)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        (row,) = _row_pointers(context, b, signature.args[1], args[1], as_i64(b, args[2], None), 1)
+        oarr = context.make_array(signature.args[3])(context, b, args[3])
+        K = b.extract_value(oarr.shape, 0)
+
+        def body(i, _):
+            for c, chunk in enumerate(dequant_chunks(b, F, _block_at(b, row, i, F))):
+                dst = b.gep(oarr.data, [b.add(i, I64(LANES * c))], source_etype=F32)
+                b.store(chunk, b.bitcast(dst, VEC.as_pointer()), align=4)
+            return []
+
+        loop(b, I64(0), K, block, [], body)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- rows x tokens
+
+
+def block_rows(fmt, out, col, w, n0, n1, x):
+    """out[t, col + n] = row n of w . x[t], for rows n0 <= n < n1 and every token of x."""
+    raise NotImplementedError
+
+
+@overload(block_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
+def _block_rows(fmt, out, col, w, n0, n1, x):
+    F = _literal(fmt)
+    if F not in FORMATS:
+        return None
+    # rows side by side below 8 tokens: four, but two for Q8_0, whose 34-byte blocks stream from
+    # memory ~45% faster that way (1.2B-shaped matvec on two threads, 30 against 20 GB/s)
+    R_DECODE = 2 if F == Q8_0 else 4
+
+    def rows(fmt, out, col, w, n0, n1, x):
+        T = x.shape[0]
+        if T >= 8:  # prefill and batches of 8: two rows by eight tokens (~10% over 4 x 4 here)
+            n = n0
+            while n + 2 <= n1:
+                _row_tokens(F, 2, out, col, w, n, x)
+                n += 2
+            if n < n1:
+                _row_tokens(F, 1, out, col, w, n, x)
+            return
+        n = n0
+        while n + R_DECODE <= n1:  # R_DECODE rows at a time: that many FMA chains in flight
+            t = 0
+            while t + 4 <= T:  # and four tokens: each row's chunk dequantized once for them
+                s = block_tile(F, R_DECODE, 4, w, n, x, t)
+                for g in range(4):
+                    for r in range(R_DECODE):
+                        out[t + g, col + n + r] = s[g * R_DECODE + r]
+                t += 4
+            while t < T:
+                s = block_tile(F, R_DECODE, 1, w, n, x, t)
+                for r in range(R_DECODE):
+                    out[t, col + n + r] = s[r]
+                t += 1
+            n += R_DECODE
+        while n < n1:
+            t = 0
+            while t + 4 <= T:
+                s = block_tile(F, 1, 4, w, n, x, t)
+                for g in range(4):
+                    out[t + g, col + n] = s[g]
+                t += 4
+            while t < T:
+                out[t, col + n] = block_tile(F, 1, 1, w, n, x, t)[0]
+                t += 1
+            n += 1
+
+    return rows
+
+
+# every format, for literal_unroll: dispatching on a ggml type known only at run time
+ALL_FORMATS = tuple(FORMATS)
+
+
+TOKEN_GROUPS = (8, 4, 1)
+
+
+def _row_tokens(fmt, R, out, col, w, n, x):
+    """out[t, col + n + r] for R (1 or 2) rows from n and every token: tiles of 8 tokens, then 4, then 1."""
+    raise NotImplementedError
+
+
+@overload(_row_tokens, prefer_literal=True, jit_options={"fastmath": EXACT_MATH}, inline="always")
+def _row_tokens_impl(fmt, R, out, col, w, n, x):
+    F, nr = _literal(fmt), _literal(R)
+    if F not in FORMATS or nr not in (1, 2):
+        return None
+
+    def tokens(fmt, R, out, col, w, n, x):
+        T = x.shape[0]
+        t = 0
+        for G in literal_unroll(TOKEN_GROUPS):
+            while t + G <= T:
+                s = block_tile(F, nr, G, w, n, x, t)
+                for g in range(G):
+                    for r in range(nr):
+                        out[t + g, col + n + r] = s[g * nr + r]
+                t += G
+
+    return tokens
+
+
+@njit(fastmath=EXACT_MATH, cache=True, nogil=True)
+def block_product(fmt, out, col, w, n0, n1, x):
+    """block_rows for a block format known at run time: one call per task of rows, not per row."""
+    for F in literal_unroll(ALL_FORMATS):
+        if fmt == F:
+            block_rows(F, out, col, w, n0, n1, x)
+
+
+@njit(cache=True, nogil=True)
+def block_row_get(fmt, w, n, out):
+    """out[:] = row n of block-format weights w, dequantized (dequantize_block_row)."""
+    for F in literal_unroll(ALL_FORMATS):
+        if fmt == F:
+            dequantize_block_row(F, w, n, out)

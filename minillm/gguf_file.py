@@ -1,0 +1,382 @@
+"""A checked GGUF file read as an HF checkpoint: its config as config.json fields, its tensors by
+HF name (float32, or as stored: block formats untouched), its tokenizer files.
+
+llama.cpp's metadata keys are mapped to HF config fields as transformers' GGUF loader maps them,
+and tensor names through gguf-py's own name tables (what transformers uses too); where a GGUF
+leaves a field out, llama.cpp's own default stands in (Gemma 3's sliding pattern of 6 and local
+RoPE base 10000, Gemma's query scaling). What llama.cpp's converter changed is undone: Llama's
+interleaved Q/K rows, Gemma's norms stored as 1 + w, and Phi-3's longrope factors and Llama 3's
+RoPE frequency factors kept as tensors become config fields again.
+
+Only check_gguf parses the file; everything here reads the layout it validated, through a
+read-only memory map.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, GGUFError
+from .gguf_check import GGUFLayout, TensorEntry, check_gguf
+
+# GGUF `general.architecture` -> HF architecture
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+# Tensors that hold RoPE settings rather than weights: read into the config.
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# ggml types that run on the float32 and bfloat16 kernels when a file holds nothing else
+FLOAT_TYPES = {0: np.float32, 30: np.uint16}  # F32, BF16 (as bits)
+
+
+class Metadata:
+    """Typed access to checked GGUF metadata, with errors that name the key."""
+
+    def __init__(self, values: dict, path: Path):
+        self.values, self.path = values, path
+
+    def get(self, key: str, default=None):
+        return self.values.get(key, default)
+
+    def require(self, key: str, kind):
+        value = self.get(key)
+        if value is None:
+            raise GGUFError(f"{self.path}: missing metadata {key!r}")
+        return self.typed(key, kind)
+
+    def typed(self, key: str, kind, default=None):
+        """The value of `key` if present (else `default`), which must be of `kind`."""
+        value = self.get(key)
+        if value is None:
+            return default
+        kinds = (int, float) if kind is float else kind
+        if not isinstance(value, kinds) or isinstance(value, bool) and kind is not bool:
+            raise GGUFError(f"{self.path}: metadata {key!r} has the wrong type ({type(value).__name__})")
+        return value
+
+
+class GGUFModel:
+    """A GGUF file as an HF model: `config` (config.json fields), tensors by HF name."""
+
+    def __init__(self, path: str | Path):
+        from .checkpoint import check_tensor_set, expected_shapes
+        from .config import ModelConfig
+
+        self.path = Path(path)
+        self.layout: GGUFLayout = check_gguf(self.path)
+        self.meta = Metadata(self.layout.metadata, self.path)
+        self.arch = self.meta.require("general.architecture", str)
+        if self.arch not in ARCHITECTURES:
+            raise GGUFError(
+                f"{self.path}: metadata 'general.architecture' is {self.arch!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
+        self._by_gguf_name = {t.name: t for t in self.layout.tensors}
+        self.config = hf_config(self.meta, self.arch, self._small_tensor)
+        self.config["tie_word_embeddings"] = "output.weight" not in self._by_gguf_name
+        try:
+            self.cfg = ModelConfig.from_dict(self.config, source=str(self.path))
+        except ConfigError as e:
+            raise GGUFError(str(e)) from None
+        expected = expected_shapes(self.cfg)
+        to_gguf = gguf_names(self.arch, self.cfg.num_hidden_layers, expected)
+        found = {}
+        self.entries: dict[str, TensorEntry] = {}
+        for t in self.layout.tensors:
+            if t.name in ROPE_TENSORS:
+                continue
+            hf = to_gguf.get(t.name)
+            if hf is None:
+                raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for {self.arch}")
+            found[hf] = tuple(reversed(t.shape))  # GGUF lists dimensions innermost first
+            self.entries[hf] = t
+        check_tensor_set(found, expected, self.cfg, where=lambda name: self.path, error=GGUFError)
+
+    @cached_property
+    def _data(self) -> np.memmap:
+        # copy-on-write: arrays stay writeable (one Numba specialisation for every weight, as
+        # safetensors_io maps its files) and nothing is ever written back
+        return np.memmap(self.path, dtype=np.uint8, mode="c")
+
+    def _raw(self, t: TensorEntry) -> np.ndarray:
+        """The tensor's bytes, one row (innermost dimension) per line: (rows, bytes per row)."""
+        rows = 1
+        for d in t.shape[1:]:
+            rows *= d
+        start = self.layout.data_start + t.offset
+        return self._data[start : start + t.nbytes].reshape(rows, t.nbytes // rows)
+
+    def _small_tensor(self, name: str) -> np.ndarray | None:
+        """A 1-D float32 tensor read whole (RoPE factors), or None if the file has none."""
+        t = self._by_gguf_name.get(name)
+        if t is None:
+            return None
+        if t.type != 0 or len(t.shape) != 1:
+            raise GGUFError(f"{self.path}: tensor {name!r} must be a 1-D F32 tensor")
+        return np.array(self._raw(t).view(np.float32).reshape(-1))
+
+    def ggml_type(self, hf_name: str) -> int:
+        return self.entries[hf_name].type
+
+    def float32(self, hf_name: str) -> np.ndarray:
+        """The tensor dequantized to float32 in HF's layout (gguf-py dequantizes the checked bytes)."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        t = self.entries[hf_name]
+        try:
+            w = np.asarray(dequantize(self._raw(t), GGMLQuantizationType(t.type)), dtype=np.float32)
+        except (ValueError, NotImplementedError, TypeError) as e:
+            raise GGUFError(f"{self.path}: cannot dequantize tensor {t.name!r}: {e}") from None
+        w = w.reshape(tuple(reversed(t.shape)))
+        if self.cfg.norm_offset and w.ndim == 1 and hf_name.endswith("norm.weight"):
+            w = w - np.float32(1.0)  # the converter stored Gemma's norms as 1 + w
+        return np.ascontiguousarray(self._unpermute(hf_name, w))
+
+    def stored(self, hf_name: str, as_bytes: bool = True) -> np.ndarray:
+        """A 2-D tensor as stored, in HF row order: the raw bytes of each row, uint8 (N, bytes per
+        row), or with as_bytes=False an F32 or BF16 tensor as float32 / bfloat16 bits (N, K).
+        A view of the memory map, except Llama's Q and K, whose rows are put back in HF order
+        (a copy)."""
+        t = self.entries[hf_name]
+        raw = self._raw(t)
+        if not as_bytes and t.type in FLOAT_TYPES:
+            raw = raw.view(FLOAT_TYPES[t.type])
+        return self._unpermute(hf_name, raw)
+
+    def _unpermute(self, hf_name: str, w: np.ndarray) -> np.ndarray:
+        """Undo convert_hf_to_gguf's permute() of Llama's Q and K rows (llama.cpp rotates pairs
+        of neighbours; HF the two halves of each head)."""
+        if self.arch != "llama" or not hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            return w
+        heads = self.cfg.num_attention_heads if hf_name.endswith("q_proj.weight") else self.cfg.num_key_value_heads
+        return w[unpermute_rows(w.shape[0], heads)]
+
+    # ---------------------------------------------------------------- tokenizer files
+
+    def tokenizer_json(self) -> str:
+        from .gguf_tokenizer import build_tokenizer_json
+
+        return build_tokenizer_json(self.meta, self.arch)
+
+    def tokenizer_config(self) -> dict:
+        from .gguf_tokenizer import tokenizer_config
+
+        return tokenizer_config(self.meta)
+
+    def generation_config(self) -> dict:
+        return {k: self.config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if self.config.get(k) is not None}
+
+
+def unpermute_rows(rows: int, heads: int) -> np.ndarray:
+    """The row order that undoes convert_hf_to_gguf's permute(): new row (h, j, i) is old (h, i, j)
+    for head h, half j and pair i."""
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(-1)
+
+
+def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
+    """{GGUF tensor name: HF name} for the HF tensors `expected`, by gguf-py's name tables."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch_id = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
+    table = get_tensor_name_map(arch_id, layers)
+    names = {}
+    for hf in expected:
+        base, suffix = hf.rsplit(".", 1)
+        gguf = table.get_name(base)
+        if gguf is not None:
+            names[f"{gguf}.{suffix}"] = hf
+    return names
+
+
+def hf_config(meta: Metadata, arch: str, tensor) -> dict:
+    """config.json fields from GGUF metadata (and its RoPE tensors, read by `tensor(name)`)."""
+    p = arch + "."
+    hidden = meta.require(p + "embedding_length", int)
+    heads = meta.require(p + "attention.head_count", int)
+    kv_heads = meta.typed(p + "attention.head_count_kv", int, heads)
+    head_dim = meta.typed(p + "attention.key_length", int)
+    if head_dim is None:  # transformers reads rope.dimension_count as head_dim for Llama only
+        head_dim = meta.typed(p + "rope.dimension_count", int) if arch == "llama" else None
+    head_dim = head_dim or hidden // max(heads, 1)
+    layers = meta.require(p + "block_count", int)
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": meta.typed(p + "vocab_size", int) or len(tokens),
+        "hidden_size": hidden,
+        "intermediate_size": meta.require(p + "feed_forward_length", int),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": meta.require(p + "context_length", int),
+        "rms_norm_eps": float(meta.require(p + "attention.layer_norm_rms_epsilon", float)),
+        "bos_token_id": meta.typed("tokenizer.ggml.bos_token_id", int),
+        "eos_token_id": _end_tokens(meta),
+        "pad_token_id": meta.typed("tokenizer.ggml.padding_token_id", int),
+        "torch_dtype": "float32",
+    }
+    rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)
+    if rope_dims != head_dim:
+        config["partial_rotary_factor"] = rope_dims / head_dim
+    theta = float(meta.typed(p + "rope.freq_base", float, 1_000_000.0 if arch == "gemma3" else 10000.0))
+    rope = {"rope_theta": theta, **_rope_scaling(meta, p, tensor, config)}
+    if arch in ("gemma2", "gemma3"):
+        config.update(_gemma(meta, p, arch, config, rope))
+    else:
+        config["rope_theta"] = theta
+        if len(rope) > 1:
+            config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return config
+
+
+def _end_tokens(meta: Metadata) -> int | list[int] | None:
+    """The tokens that end a reply: EOS, and the end-of-turn tokens llama.cpp also stops at."""
+    ids = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        i = meta.typed(key, int)
+        if i is not None and i not in ids:
+            ids.append(i)
+    return ids[0] if len(ids) == 1 else ids or None
+
+
+def _rope_scaling(meta: Metadata, p: str, tensor, config: dict) -> dict:
+    """HF RoPE scaling fields: llama.cpp's linear and yarn keys; Phi-3's longrope factors and
+    Llama 3's frequency factors, both stored as tensors (the latter as longrope factors with an
+    attention factor of 1, which gives llama.cpp's frequencies: base^(2i/d) * factor_i)."""
+    kind = meta.typed(p + "rope.scaling.type", str)
+    factor = meta.typed(p + "rope.scaling.factor", float)
+    original = meta.typed(p + "rope.scaling.original_context_length", int)
+    long, short, freqs = (tensor(name) for name in ("rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"))
+    if kind in (None, "none") and freqs is None and long is None:
+        return {}
+    if kind == "linear" and factor:
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn" and factor:
+        out = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original or config["max_position_embeddings"]}
+        for key, name in (("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+            value = meta.typed(f"{p}rope.scaling.{name}", float)
+            if value is not None:
+                out[key] = float(value)
+        return out
+    if long is not None or short is not None:
+        if long is None or short is None:
+            raise GGUFError(f"{meta.path}: longrope needs both 'rope_factors_long.weight' and 'rope_factors_short.weight'")
+        out = {"rope_type": "longrope", "long_factor": long.tolist(), "short_factor": short.tolist()}
+        if original:
+            config["original_max_position_embeddings"] = original
+        attn = meta.typed(p + "rope.scaling.attn_factor", float)
+        if attn is not None:
+            out["attention_factor"] = float(attn)
+        return out
+    if freqs is not None and kind in (None, "none"):
+        return {"rope_type": "longrope", "long_factor": freqs.tolist(), "short_factor": freqs.tolist(), "attention_factor": 1.0,
+                "original_max_position_embeddings": config["max_position_embeddings"]}
+    raise GGUFError(f"{meta.path}: metadata '{p}rope.scaling.type' {kind!r} is not supported")
+
+
+def _gemma(meta: Metadata, p: str, arch: str, config: dict, rope: dict) -> dict:
+    """Gemma 2 and 3: sliding and full layers, soft-capping, query scaling and (Gemma 3) a RoPE
+    base per layer type, with llama.cpp's defaults where the file is silent."""
+    layers, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
+    out: dict = {"hidden_activation": "gelu_pytorch_tanh"}
+    # llama.cpp scales queries by hidden / heads for the 27B models (62 and 46 layers), else head_dim
+    big = (arch, layers) in (("gemma3", 62), ("gemma2", 46))
+    out["query_pre_attn_scalar"] = hidden // heads if big else config["head_dim"]
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        out[key] = meta.typed(p + key, float)
+    window = meta.typed(p + "attention.sliding_window", int)
+    out["sliding_window"] = window
+    if arch == "gemma2":
+        out["rope_theta"] = rope.pop("rope_theta")
+        if len(rope) > 0:
+            out["rope_scaling"] = rope
+        return out
+    if window:
+        pattern = meta.get(p + "attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):  # per layer: true where it slides
+            sliding = [bool(v) for v in pattern]
+        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+            sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+        else:
+            raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must be a positive integer or a list")
+        if len(sliding) != layers:
+            raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must list {layers} layers")
+        out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    else:
+        out["layer_types"] = ["full_attention"] * layers
+    local = float(meta.typed(p + "rope.freq_base_swa", float, 10000.0))
+    out["rope_parameters"] = {
+        "full_attention": {"rope_type": "default", **rope},
+        "sliding_attention": {"rope_type": "default", "rope_theta": local},
+    }
+    return out
+
+
+def gguf_tensors(path: Path, layout: GGUFLayout):
+    """(entry, float32 array in GGUF order, outermost dimension first) for every tensor of a
+    checked file, whatever it describes: gguf-py dequantizes the bytes check_gguf validated."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    for t in layout.tensors:
+        rows = 1
+        for d in t.shape[1:]:
+            rows *= d
+        start = layout.data_start + t.offset
+        raw = np.asarray(data[start : start + t.nbytes]).reshape(rows, t.nbytes // rows)
+        try:
+            w = np.asarray(dequantize(raw, GGMLQuantizationType(t.type)), dtype=np.float32)
+        except (ValueError, NotImplementedError, TypeError) as e:
+            raise GGUFError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from None
+        yield t, w.reshape(tuple(reversed(t.shape)))
+
+
+def tokenizer_dir(path: str | Path, store: Path) -> Path:
+    """A directory holding the tokenizer files of the GGUF at `path` (tokenizer.json,
+    tokenizer_config.json, generation_config.json and config.json), rebuilt from its metadata
+    the first time and kept under `store`, keyed by the file's path, size and time; written to a
+    temporary name and renamed, as an import is."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    dest = store / f"{path.stem}-{key}"
+    if (dest / "generation_config.json").is_file():
+        return dest
+    model = GGUFModel(path)
+    files = {
+        "tokenizer.json": model.tokenizer_json(),
+        "tokenizer_config.json": json.dumps(model.tokenizer_config(), indent=2, ensure_ascii=False),
+        "config.json": json.dumps(model.config, indent=2),
+        "generation_config.json": json.dumps(model.generation_config(), indent=2),
+    }
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = store / f".writing-{dest.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / "generation_config.json").is_file():
+            raise
+    return dest

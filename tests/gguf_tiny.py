@@ -1,0 +1,161 @@
+"""GGUF files written from tiny HF checkpoints with gguf-py's own writer, the way llama.cpp's
+convert_hf_to_gguf.py writes them: its metadata keys per architecture, tensor names from gguf-py's
+tables, Llama's Q/K rows permuted, Gemma's norms stored as 1 + w, Phi-3's longrope factors as
+tensors; and small vocabularies of either kind (byte-level BPE or SentencePiece)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+# HF architecture -> GGUF architecture name
+GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Olmo2ForCausalLM": "olmo2",
+             "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's permute(): HF's split-half RoPE rows to llama.cpp's interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) -> Path:
+    """Convert the checkpoint in hf_dir to a GGUF at path: F32 tensors, or 2-D weights quantized
+    to `qtype` (a gguf.GGMLQuantizationType, or a function of the GGUF tensor name giving one
+    or None) where their rows allow it. vocab: tokenizer metadata (make_vocab's), by default one
+    of the right kind and size."""
+    from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
+    from gguf.quants import quantize
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = GGUF_ARCH[cfg["architectures"][0]]
+    L, H, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim") or H // heads
+    rope = cfg.get("rope_parameters") or {}
+    full = rope.get("full_attention", rope)
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(full.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if "sliding_attention" in rope:
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    if arch in ("qwen3", "gemma2", "gemma3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    else:
+        w.add_rope_dimension_count(head_dim)
+    if arch in ("gemma2", "gemma3"):
+        w.add_sliding_window(cfg["sliding_window"])
+        types = cfg.get("layer_types") or []
+        if arch == "gemma3" and types != ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(L)]:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in types])  # not Gemma 3's usual 5:1
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if arch == "gemma2":
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if full.get("rope_type") == "linear":
+        from gguf import RopeScalingType
+
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
+    _add_vocab(w, vocab or make_vocab(cfg["vocab_size"], "spm" if arch in SPM else "bpe"))
+
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
+    for hf, t in tensors.items():
+        t = t.astype(np.float32)
+        base, suffix = hf.rsplit(".", 1)
+        name = f"{names.get_name(base)}.{suffix}"
+        if arch == "llama" and base.endswith("q_proj"):
+            t = permute(t, heads)
+        elif arch == "llama" and base.endswith("k_proj"):
+            t = permute(t, kv_heads)
+        if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
+            t = t + np.float32(1.0)
+        kind = qtype(name) if callable(qtype) else qtype
+        if kind is not None and t.ndim == 2 and _fits(t, kind):
+            q = quantize(t, kind) if kind not in NO_QUANTIZER else random_blocks(kind, *t.shape, scale=float(np.abs(t).mean()))
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(t))
+    if full.get("rope_type") == "longrope":
+        w.add_tensor("rope_factors_long.weight", np.array(full["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+NO_QUANTIZER = (12, 13, 14, 20)  # Q4_K, Q5_K, Q6_K, IQ4_NL: gguf-py cannot quantize these
+
+
+def random_blocks(qtype, rows: int, cols: int, scale: float = 0.02, seed: int = 0) -> np.ndarray:
+    """Rows of random blocks of a ggml type, (rows, bytes per row) uint8: random levels and
+    packed scales, with float16 scales about `scale` / 8 (so values are of that magnitude)."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    d = (np.abs(rng.standard_normal((rows, cols // block))) * scale / 8 + scale / 64).astype(np.float16).view(np.uint8)
+    offsets = {12: (0, 2), 13: (0, 2), 14: (208,)}.get(int(qtype), (0, 2) if int(qtype) in (3, 7) else (0,))
+    for off in offsets:
+        raw[:, :, off : off + 2] = d.reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def _fits(t: np.ndarray, qtype) -> bool:
+    from gguf import GGML_QUANT_SIZES
+
+    return t.shape[1] % GGML_QUANT_SIZES[qtype][0] == 0
+
+
+def make_vocab(size: int, kind: str = "bpe") -> dict:
+    """Tokenizer metadata for `size` tokens. "bpe": byte-level, the first byte characters and
+    merges of pairs of them. "spm": SentencePiece, control tokens, the 256 byte tokens only when
+    size allows, then pieces with "▁", with scores; no merges (recovered from the scores)."""
+    from minillm.gguf_tokenizer import bytes_to_unicode
+
+    if kind == "bpe":
+        base = list(bytes_to_unicode().values())[: size - 12]
+        pairs = [base[i] + base[i + 1] for i in range(len(base) - 1)][: size - 2 - len(base)]
+        tokens = base + pairs + ["<|end|>", "<|user|>"]
+        merges = [f"{p[0]} {p[1]}" for p in pairs]
+        return {"model": "gpt2", "tokens": tokens, "merges": merges, "types": [1] * (size - 2) + [3, 4], "bos": size - 2, "eos": size - 2}
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    pieces = ["\u2581"] + letters + ["\u2581" + c for c in letters] + ["th", "he", "\u2581th", "\u2581the", "in", "\u2581in", "er", "an", "\u2581an", "\u2581and"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if size >= 256 + len(specials) + len(pieces) else []
+    tokens = (specials + byte_tokens + pieces + [f"x{i}" for i in range(size)])[:size]
+    types = [3] * len(specials) + [6] * len(byte_tokens) + [1] * (size - len(specials) - len(byte_tokens))
+    scores = [0.0] * len(specials) + [0.0] * len(byte_tokens) + [-float(i) for i in range(size - len(specials) - len(byte_tokens))]
+    return {"model": "llama", "tokens": tokens, "scores": scores, "types": types, "bos": 2, "eos": 1, "unk": 3}
+
+
+def _add_vocab(w, vocab: dict) -> None:
+    w.add_tokenizer_model(vocab["model"])
+    w.add_tokenizer_pre("default")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_types(vocab["types"])
+    if "scores" in vocab:
+        w.add_token_scores(vocab["scores"])
+    if "merges" in vocab:
+        w.add_token_merges(vocab["merges"])
+    w.add_bos_token_id(vocab["bos"])
+    w.add_eos_token_id(vocab["eos"])
+    if "unk" in vocab:
+        w.add_unk_token_id(vocab["unk"])
+    w.add_chat_template("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")

@@ -1,0 +1,192 @@
+"""`cli.py serve --replicas 2` on a local Ray Serve, driven with the official openai client:
+concurrent requests of every kind give the single server's greedy text, a system prompt shared by
+two chats stays on the replica that cached it, and a replica killed mid-stream ends only its own
+streams, with an error event, while Ray starts a new one."""
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="the cluster extra (pip install 'minillm[cluster]') is not installed")
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 300
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url, timeout=10):
+    try:  # the openai package brings httpx2 (same API) or httpx, depending on its version
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+    return httpx.get(url, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(default_model_dir, tmp_path_factory):
+    port = _port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("cluster") / "serve.log"  # Ray logs a lot: a pipe nobody reads would fill
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "serve", "--replicas", "2", "--threads-per-replica", "1", "--port", str(port),
+             "--ctx", "1024", "--max-batch", "4", "--model-name", "m"],
+            stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
+        )
+    try:
+        deadline = time.time() + START_TIMEOUT
+        while time.time() < deadline:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            try:
+                health = _get(base + "/health")
+                if health.status_code == 200 and health.json()["replicas"]["running"] == 2:
+                    break
+            except Exception:
+                pass
+            time.sleep(1)
+        else:
+            raise AssertionError("the cluster did not start in time: " + log.read_text(errors="replace")[-3000:])
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the command stops the app and its local Ray
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    from openai import OpenAI
+
+    return OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    """The single server's engine: the Python API on the same model (tests/test_server.py shows
+    the two agree)."""
+    import minillm
+
+    return minillm.load(default_model_dir, ctx=1024)
+
+
+def _metrics(base) -> str:
+    return _get(base + "/metrics").text
+
+
+def _value(text: str, name: str) -> float:
+    return sum(float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+def test_sixteen_concurrent_requests_of_every_kind_give_the_single_servers_text(cluster, client, reference):
+    health = _get(cluster + "/health").json()
+    assert health["status"] == "ok" and health["replicas"]["running"] == 2
+    jobs = []
+    for i in range(16):
+        prompt = f"Write a sentence about the number {i}."
+        stream = i % 2 == 0
+        if i % 4 < 2:
+            jobs.append(("chat", stream, [{"role": "user", "content": prompt}]))
+        else:
+            jobs.append(("completion", stream, f"Fact {i}: the sky is"))
+
+    def run(job):
+        kind, stream, arg = job
+        if kind == "chat":
+            r = client.chat.completions.create(model="m", messages=arg, max_tokens=24, temperature=0, stream=stream)
+            return "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
+        r = client.completions.create(model="m", prompt=arg, max_tokens=24, temperature=0, stream=stream)
+        return "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(run, jobs))
+    for (kind, _, arg), text in zip(jobs, got):
+        want = reference.chat(arg, max_tokens=24, temperature=0) if kind == "chat" else reference.generate(arg, max_tokens=24, temperature=0)
+        assert text == want
+    routed = _metrics(cluster)
+    assert _value(routed, "minillm_router_requests_total") >= 16
+    assert len(re.findall(r"^minillm_router_requests_total\{", routed, re.M)) == 2  # both replicas served
+
+
+def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(cluster, client):
+    system = "You are a meticulous assistant for a lighthouse keeper. " * 40  # ~500 tokens
+    before = _metrics(cluster)
+    for i in range(10):
+        for question in ("How bright is the lamp?", "When is the next storm?"):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"{question} ({i})"}]
+            client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    after = _metrics(cluster)
+    queries = _value(after, "minillm:prefix_cache_queries_total") - _value(before, "minillm:prefix_cache_queries_total")
+    hits = _value(after, "minillm:prefix_cache_hits_total") - _value(before, "minillm:prefix_cache_hits_total")
+    assert hits / queries >= 0.9, (hits, queries)
+    affinity = _value(after, "minillm_router_prefix_affinity_total") - _value(before, "minillm_router_prefix_affinity_total")
+    assert affinity >= 20
+
+
+def test_a_replica_killed_mid_stream_ends_only_its_streams_and_comes_back(cluster, client, reference):
+    from minillm.cluster_router import prefix_key, preferred_replica
+
+    pids = dict(re.findall(r'^minillm_replica_running\{replica="([^"]+)",pid="(\d+)"\}', _metrics(cluster), re.M))
+    assert len(pids) == 2
+    # a prompt for each replica, as the router will send them
+    by_replica = {}
+    for i in range(200):
+        prompt = f"Tell a long story number {i} about"
+        by_replica.setdefault(preferred_replica(prefix_key(reference.tokenizer.encode(prompt)), sorted(pids)), prompt)
+        if len(by_replica) == 2:
+            break
+    (doomed, doomed_prompt), (kept, kept_prompt) = sorted(by_replica.items())
+
+    def stream(prompt):
+        text, errors = [], []
+        try:
+            for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=300, temperature=0, stream=True,
+                                                   extra_body={"ignore_eos": True}):
+                text.append(chunk.choices[0].text if chunk.choices else "")
+        except Exception as e:  # the openai client raises on an SSE error event
+            errors.append(e)
+        return "".join(text), errors
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        lost = pool.submit(stream, doomed_prompt)
+        survivor = pool.submit(stream, kept_prompt)
+        time.sleep(3)  # both are streaming
+        os.kill(int(pids[doomed]), signal.SIGKILL)
+        lost_text, lost_errors = lost.result(timeout=300)
+        kept_text, kept_errors = survivor.result(timeout=300)
+    assert lost_errors and "replica failed" in str(lost_errors[0])
+    assert not kept_errors and len(kept_text) > 300  # all 300 tokens (exact text: the first test)
+    # new requests go to the live replica meanwhile, and Ray brings the dead one back
+    assert client.completions.create(model="m", prompt=doomed_prompt, max_tokens=4, temperature=0).choices[0].text
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        health = _get(cluster + "/health").json()
+        if health.get("replicas", {}).get("running") == 2 and health["status"] == "ok":
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"not two healthy replicas 60 s after the kill: {health}")
+    assert _value(_metrics(cluster), "minillm_replica_failures_total") >= 1
+
+
+def test_replicas_without_ray_is_one_line(tmp_path):
+    code = ("import sys; sys.modules['ray'] = None; sys.modules['ray.serve'] = None; sys.path.insert(0, %r); import cli; "
+            "sys.exit(cli.main(['serve', '--replicas', '2']))" % str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "minillm[cluster]" in out.stderr

@@ -1,0 +1,152 @@
+"""GGUF files run as stored (`--model FILE.gguf`): every block format gives, bit for bit, the
+logits of the same file imported (dequantized) and run at float32; decode, batched decode and
+prefill agree; `--dtype q4_0` quantizes a checkpoint as llama.cpp's Q4_0 does."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from gguf_tiny import write_gguf
+from hf_tiny import VOCAB, make_checkpoint
+from minillm.gguf_import import import_gguf
+from minillm.model import Model
+
+TOKENS = np.random.default_rng(5).integers(0, VOCAB, size=40)
+SMALL = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+K_SHAPES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+
+
+def mixture(name):
+    """A Q4_K_M-like mixture: most matrices Q4_K, V and down Q6_K, the embedding Q8_0, one F16."""
+    if name == "token_embd.weight":
+        return QT.Q8_0
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return QT.Q6_K
+    if name == "blk.1.attn_output.weight":
+        return QT.F16
+    return QT.Q4_K
+
+
+CASES = {
+    "q4_0": ("llama", SMALL, QT.Q4_0),
+    "q4_1": ("llama", SMALL, QT.Q4_1),
+    "q5_0": ("qwen3", dict(SMALL, head_dim=32), QT.Q5_0),
+    "q5_1": ("llama", SMALL, QT.Q5_1),
+    "q8_0": ("gemma3", dict(SMALL, head_dim=32, query_pre_attn_scalar=32, sliding_window=5), QT.Q8_0),
+    "f16": ("phi3", SMALL, QT.F16),
+    "bf16": ("olmo2", SMALL, QT.BF16),
+    "q4_k": ("llama", K_SHAPES, QT.Q4_K),
+    "q5_k": ("llama", K_SHAPES, QT.Q5_K),
+    "q6_k": ("llama", K_SHAPES, QT.Q6_K),
+    "mixture": ("llama", dict(K_SHAPES, tie_word_embeddings=False), mixture),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def gguf_case(request, tmp_path_factory):
+    arch, shape, qtype = CASES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    make_checkpoint(root / "hf", arch=arch, **shape)
+    path = write_gguf(root / "hf", root / "model.gguf", qtype=qtype)
+    import_gguf(path, root / "imported", progress=False)
+    return path, root / "imported"
+
+
+def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
+    path, imported = gguf_case
+    direct = Model.load(path)
+    # an all-BF16 file runs on the bfloat16 kernels: what its import gives at bfloat16
+    exact = Model.load(imported, dtype="bfloat16" if "bf16" in path.parent.name else "float32")
+    assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
+    ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
+    np.testing.assert_array_equal(ours, exact.forward(TOKENS, exact.new_cache(), all_logits=True))
+    assert direct.weights.nbytes < 0.75 * exact.weights.nbytes or "f16" in path.parent.name
+
+
+def test_stored_formats_decode_and_batch_as_they_prefill(gguf_case):
+    from minillm.cache import KVPool
+
+    model = Model.load(gguf_case[0])
+    full = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:7], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[7:20]]
+    np.testing.assert_array_equal(np.stack(steps), full[6:20])
+    # five sequences decoded together (a tile of four and one alone) against each alone
+    prompts = [TOKENS[:3 + i] for i in range(5)]
+    pool = KVPool(model.config, model.ctx, 5)
+    held = [pool.acquire() for _ in prompts]
+    slots, caches = [s for s, _ in held], [c for _, c in held]
+    for prompt, c in zip(prompts, caches):
+        model.forward(prompt, c)
+    together = [model.decode_batch(TOKENS[20 + 5 * i : 25 + 5 * i], caches, slots, pool).copy() for i in range(3)]
+    for b, prompt in enumerate(prompts):
+        alone = model.new_cache()
+        model.forward(prompt, alone)
+        mine = np.stack([model.forward([TOKENS[20 + 5 * i + b]], alone).copy() for i in range(3)])
+        np.testing.assert_array_equal(np.stack([t[b] for t in together]), mine)
+
+
+def test_q4_0_at_load_is_llama_cpps_q4_0(tmp_path):
+    """--dtype q4_0 on a checkpoint gives what the checkpoint converted to a Q4_0 GGUF gives."""
+    make_checkpoint(tmp_path / "hf", **SMALL)
+    path = write_gguf(tmp_path / "hf", tmp_path / "q4.gguf", qtype=QT.Q4_0)
+    at_load = Model.load(tmp_path / "hf", dtype="q4_0")
+    stored = Model.load(path)
+    np.testing.assert_array_equal(
+        at_load.forward(TOKENS, at_load.new_cache(), all_logits=True), stored.forward(TOKENS, stored.new_cache(), all_logits=True)
+    )
+
+
+def test_a_gguf_converts_to_other_precisions(gguf_case):
+    path, imported = gguf_case
+    converted = Model.load(path, dtype="float32")
+    exact = Model.load(imported)
+    np.testing.assert_array_equal(converted.forward(TOKENS, converted.new_cache(), all_logits=True),
+                                  exact.forward(TOKENS, exact.new_cache(), all_logits=True))
+
+
+def test_default_model_runs_from_its_gguf_exactly(default_gguf, default_model_dir):
+    """The shipped Q4_1 file run as stored gives the logits of its float32 import, bit for bit,
+    at a third of the memory, and the same greedy text."""
+    import minillm
+
+    tokens = np.random.default_rng(0).integers(0, 49152, size=24)
+    direct, imported = Model.load(default_gguf), Model.load(default_model_dir)
+    np.testing.assert_array_equal(direct.forward(tokens, direct.new_cache(), all_logits=True),
+                                  imported.forward(tokens, imported.new_cache(), all_logits=True))
+    assert direct.weights.nbytes < imported.weights.nbytes / 5
+    prompt = "The capital of France is"
+    a = minillm.load(default_gguf).generate(prompt, max_tokens=16, temperature=0)
+    b = minillm.load(default_model_dir).generate(prompt, max_tokens=16, temperature=0)
+    assert a == b and len(a) > 0
+
+
+def test_cli_bench_and_generate_on_a_gguf(default_gguf):
+    from pathlib import Path
+
+    cli = Path(__file__).resolve().parent.parent / "cli.py"
+    out = subprocess.run([sys.executable, str(cli), "bench", "--model", str(default_gguf), "--prompt-tokens", "16",
+                          "--gen-tokens", "4", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["dtype"] == "gguf" and result["decode_tok_s"] > 0
+    assert set(result) >= {"prefill_tok_s", "decode_tok_s", "ttft_s", "load_s", "weight_mb", "peak_rss_mb"}
+    out = subprocess.run([sys.executable, str(cli), "generate", "--model", str(default_gguf), "--prompt", "Hi",
+                          "--max-tokens", "4", "--temperature", "0"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout, out.stderr
+
+
+def test_a_type_minillm_cannot_run_as_stored_is_one_line(tmp_path):
+    """A file with a tensor type minillm has no kernel for (IQ4_NL) is refused at load, naming
+    the tensor; converting it at load works."""
+    from minillm.errors import CheckpointError
+
+    make_checkpoint(tmp_path / "hf", **SMALL)
+    path = write_gguf(tmp_path / "hf", tmp_path / "iq.gguf", qtype=lambda name: QT.IQ4_NL if "ffn_up" in name else None)
+    with pytest.raises(CheckpointError, match="ffn_up|up_proj.*cannot run as stored"):
+        Model.load(path)
+    Model.load(path, dtype="float32")
