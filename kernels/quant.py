@@ -219,6 +219,7 @@ def dequantize(out, w, s):
 
 
 Q4_0_BYTES = 18  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
+Q8_0_BYTES = 34  # per block of 32: a float16 scale, 32 int8 levels
 
 
 @kernel()
@@ -242,3 +243,27 @@ def quantize_q4_0(q, w):
                 lo = min(15, np.uint8(np.trunc(w[n, k0 + j] * inv + np.float32(8.5))))
                 hi = min(15, np.uint8(np.trunc(w[n, k0 + 16 + j] * inv + np.float32(8.5))))
                 q[n, o + 2 + j] = np.uint8(lo | (hi << 4))
+
+
+@kernel()
+def quantize_q8_0(q, w):
+    """float32 (N, K) -> Q8_0 blocks (N, K / 32 * 34 bytes), bit for bit as gguf-py's (and
+    llama.cpp's reference) quantizer: d = the block's largest magnitude / 127, levels w / d
+    rounded half away from zero, d stored as float16. K must be a multiple of 32."""
+    N, K = w.shape
+    for n in prange(N):
+        for blk in range(K // QBLOCK):
+            k0, o = blk * QBLOCK, blk * Q8_0_BYTES
+            amax = np.float32(0.0)
+            for k in range(k0, k0 + QBLOCK):
+                amax = max(amax, abs(w[n, k]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+            bits = f16_bits(d)
+            q[n, o], q[n, o + 1] = np.uint8(bits & 0xFF), np.uint8(bits >> 8)
+            for j in range(QBLOCK):
+                x = w[n, k0 + j] * inv
+                a = abs(x)
+                whole = np.floor(a)
+                level = whole + np.floor(np.float32(2.0) * (a - whole))  # half away from zero
+                q[n, o + 2 + j] = np.uint8(np.int8(-level if x < 0 else level) & 0xFF)

@@ -192,8 +192,8 @@ def load(
     """Load an HF checkpoint directory or a GGUF file, or the default model when `model_dir` is None.
 
     dtype: how weights are kept. A directory's are converted at load: "float32" (default;
-    exact), "bfloat16", "int8" (blocks of 32 with a scale each) or "q4_0" (4-bit blocks, as
-    llama.cpp's Q4_0). A GGUF's run as stored ("gguf", the default; every block format gives
+    exact), "bfloat16", "int8" (blocks of 32 with a scale each) or "q4_0" (4-bit blocks and a Q8_0
+    output matrix, as llama.cpp's Q4_0 quantizer makes them). A GGUF's run as stored ("gguf", the default; every block format gives
     exactly the logits of its dequantized float32 weights), or are converted to one of those.
     check_weights: reject weights containing NaN or Inf (reads every weight once at load).
     max_batch / max_queue: sequences decoded together, and requests allowed to wait.

@@ -248,7 +248,7 @@ def load_checkpoint(
             if check_finite:
                 _check_finite(f, name, w if stored == "F32" else None)
             return w, NO_SCALES
-        return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, dtype, f.path, name, check_finite)
+        return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector)
 
@@ -278,7 +278,7 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     def matrix(name: str) -> tuple[np.ndarray, np.ndarray]:
         if not as_stored:  # converted: dequantized whole (one tensor at a time), then packed
             w = model.float32(name)
-            return pack(lambda r0, r1: w[r0:r1], w.shape, dtype, path, name, check_finite)
+            return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), path, name, check_finite)
         w = model.stored(name, as_bytes=dtype == GGUF_STORED)
         if check_finite:
             rows = model.float32(name)
@@ -356,11 +356,12 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
     elif dtype == "int8":
         w = np.empty((N, Kdim), np.int8)
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
-    else:  # q4_0
+    else:  # q4_0, or q8_0 for q4_0's output matrix (output_format)
         if Kdim % K.QBLOCK:
-            raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of 32, as q4_0 needs")
-        w = np.empty((N, Kdim // K.QBLOCK * K.Q4_0_BYTES), np.uint8)
-        s = np.array([[K.Q4_0]], np.uint16)
+            raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of 32, as {dtype} needs")
+        block_bytes, ggml_type = (K.Q4_0_BYTES, K.Q4_0) if dtype == "q4_0" else (K.Q8_0_BYTES, K.Q8_0)
+        w = np.empty((N, Kdim // K.QBLOCK * block_bytes), np.uint8)
+        s = np.array([[ggml_type]], np.uint16)
     for r0, r1 in _row_chunks(N, Kdim):
         rows = read_rows(r0, r1)
         if check_finite:
@@ -376,9 +377,19 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
             K.to_bf16(w[r0:r1], np.ascontiguousarray(rows))
         elif dtype == "int8":
             K.quantize_int8(w[r0:r1], s[r0:r1], np.ascontiguousarray(rows))
-        else:
+        elif dtype == "q4_0":
             K.quantize_q4_0(w[r0:r1], np.ascontiguousarray(rows, dtype=np.float32))
+        else:
+            K.quantize_q8_0(w[r0:r1], np.ascontiguousarray(rows, dtype=np.float32))
     return w, s
+
+
+def matrix_format(cfg: ModelConfig, dtype: str, name: str) -> str:
+    """The precision one matrix is packed at: `dtype`, except that q4_0 keeps the output matrix (the
+    LM head, or the embeddings tied to it) at Q8_0, as llama.cpp's quantizer does (it takes Q6_K
+    where rows are whole blocks of 256, Q8_0 otherwise; 4-bit logits cost twice the perplexity)."""
+    output = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    return "q8_0" if dtype == "q4_0" and name == output else dtype
 
 
 def _row_chunks(N: int, Kdim: int):

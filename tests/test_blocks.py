@@ -84,3 +84,16 @@ def test_q4_0_quantizer_is_gguf_pys():
     q = np.zeros((64, 576 // 32 * K.Q4_0_BYTES), np.uint8)
     K.quantize_q4_0(q, w)
     np.testing.assert_array_equal(q, quantize(w, GGMLQuantizationType.Q4_0))
+
+
+def test_q8_0_quantizer_is_gguf_pys():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((64, 576)) * rng.uniform(0.001, 2, size=(64, 1))).astype(np.float32)
+    w[3, :32] = 0  # an all-zero block
+    w[7, :32] = np.append(127.0, np.arange(-15, 16) + 0.5)  # scale 1, levels at exact halves: rounded away from zero
+    q = np.zeros((64, 576 // 32 * K.Q8_0_BYTES), np.uint8)
+    K.quantize_q8_0(q, w)
+    np.testing.assert_array_equal(q, quantize(w, GGMLQuantizationType.Q8_0))

@@ -90,10 +90,14 @@ def test_stored_formats_decode_and_batch_as_they_prefill(gguf_case):
         np.testing.assert_array_equal(np.stack([t[b] for t in together]), mine)
 
 
-def test_q4_0_at_load_is_llama_cpps_q4_0(tmp_path):
-    """--dtype q4_0 on a checkpoint gives what the checkpoint converted to a Q4_0 GGUF gives."""
-    make_checkpoint(tmp_path / "hf", **SMALL)
-    path = write_gguf(tmp_path / "hf", tmp_path / "q4.gguf", qtype=QT.Q4_0)
+@pytest.mark.parametrize("tied", [True, False])
+def test_q4_0_at_load_is_llama_cpps_q4_0(tmp_path, tied):
+    """--dtype q4_0 on a checkpoint gives what the checkpoint converted to a Q4_0 GGUF gives: every
+    matrix Q4_0 but the output one (the LM head, or the embeddings tied to it), Q8_0 as llama.cpp
+    makes it where rows are not whole blocks of 256."""
+    make_checkpoint(tmp_path / "hf", tie_word_embeddings=tied, **SMALL)
+    output = "token_embd.weight" if tied else "output.weight"
+    path = write_gguf(tmp_path / "hf", tmp_path / "q4.gguf", qtype=lambda name: QT.Q8_0 if name == output else QT.Q4_0)
     at_load = Model.load(tmp_path / "hf", dtype="q4_0")
     stored = Model.load(path)
     np.testing.assert_array_equal(
