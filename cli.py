@@ -344,6 +344,8 @@ def _serve_flags(sv, model_flags) -> None:
     sv.add_argument("--replicas", type=int, metavar="N", help="N engine replicas on Ray Serve behind one endpoint (minillm[cluster])")
     sv.add_argument("--threads-per-replica", type=int, default=1, metavar="T", help="CPUs and Numba threads per replica (default 1)")
     sv.add_argument("--autoscale", metavar="MIN:MAX", help="scale replicas between MIN and MAX on ongoing requests")
+    sv.add_argument("--ingress-replicas", type=int, default=1, metavar="N",
+                    help="replicas of the HTTP ingress, which relays every token (about one per machine; default 1)")
     sv.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local Ray with the command)")
 
 
@@ -366,11 +368,11 @@ def cmd_serve(args) -> int:
         require_ray()
         autoscale = _autoscale(args.autoscale) if args.autoscale else None
         replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
-        if replicas < 1 or args.threads_per_replica < 1:
-            raise UsageError("--replicas and --threads-per-replica must be >= 1")
+        if min(replicas, args.threads_per_replica, args.ingress_replicas) < 1:
+            raise UsageError("--replicas, --threads-per-replica and --ingress-replicas must be >= 1")
         run(args.model, name, args.api_key, args.host, args.port, args.ray_address, on_ready=ready, replicas=replicas,
-            threads=args.threads_per_replica, autoscale=autoscale, max_batch=args.max_batch, max_queue=args.max_queue,
-            ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb, check_weights=args.check_weights)
+            threads=args.threads_per_replica, autoscale=autoscale, ingress_replicas=args.ingress_replicas,
+            max_batch=args.max_batch, max_queue=args.max_queue, ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb, check_weights=args.check_weights)
         return 0
 
     from minillm.server import serve

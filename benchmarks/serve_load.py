@@ -83,6 +83,30 @@ def level(base: str, clients: int, per_client: int, max_tokens: int) -> dict:
     }
 
 
+# Ray's process titles, as psutil reads them, to the part of the service each process is
+PROCESS_KINDS = (("EngineReplica", "engine replicas"), ("Ingress", "ingress"), ("ProxyActor", "Ray HTTP proxy"))
+
+
+def cpu_by_kind(server: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds used so far by the server process tree, summed by kind of process (psutil
+    comes with the cluster extra; without it, nothing)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+
+    totals: dict[str, float] = {}
+    root = psutil.Process(server.pid)
+    for proc in [root] + root.children(recursive=True):
+        try:
+            title, times = " ".join(proc.cmdline()), proc.cpu_times()
+        except psutil.Error:
+            continue
+        kind = next((k for key, k in PROCESS_KINDS if key in title), "server" if proc.pid == server.pid else "Ray other")
+        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
+    return totals
+
+
 def measure(args, extra: list[str]) -> list[dict]:
     """Start a server (cli.py serve + extra flags), run every concurrency level, stop it."""
     port = free_port()
@@ -102,7 +126,14 @@ def measure(args, extra: list[str]) -> list[dict]:
         else:
             raise SystemExit("the server did not start")
         level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
-        return [level(base, int(c), args.requests_per_client, args.max_tokens) for c in args.levels.split(",")]
+        rows = []
+        for c in args.levels.split(","):
+            before = cpu_by_kind(server)
+            rows.append(level(base, int(c), args.requests_per_client, args.max_tokens))
+            after = cpu_by_kind(server)
+            # where the CPU goes per generated token (a process that ended in between is left out)
+            rows[-1]["cpu_ms_per_token"] = {k: 1000 * (after[k] - before.get(k, 0.0)) / rows[-1]["generated_tokens"] for k in after}
+        return rows
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=120)
@@ -133,6 +164,9 @@ def main() -> None:
         for r in rows:
             print(f"| {name} | {r['concurrency']} | {r['requests']} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
                   f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
+    print("\nCPU ms per generated token, by process (at the highest concurrency):")
+    for name, rows in runs.items():
+        print(f"- {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(rows[-1]["cpu_ms_per_token"].items())))
     out = ROOT / "benchmarks" / "serve_results.json"
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "model": args.model, "dtype": args.dtype, "runs": runs}, indent=2) + "\n")
     print(f"\nwrote {out}")

@@ -306,9 +306,12 @@ class RemoteLLM:
 
 
 def build_app(source: str | None, model_name: str, api_key: str | None, *, replicas: int = 1, threads: int = 1,
-              autoscale: tuple[int, int] | None = None, max_batch: int = 8, max_queue: int = 64, ctx: int | None = None,
-              dtype: str | None = None, cache_mb: float | None = None, check_weights: bool = False):
-    """The Ray Serve application: the ingress over `replicas` engine replicas (or autoscaled)."""
+              autoscale: tuple[int, int] | None = None, ingress_replicas: int = 1, max_batch: int = 8, max_queue: int = 64,
+              ctx: int | None = None, dtype: str | None = None, cache_mb: float | None = None, check_weights: bool = False):
+    """The Ray Serve application: `ingress_replicas` ingresses over `replicas` engine replicas (or
+    autoscaled). The ingress relays every token (about 2 ms of CPU each, docs/scaling.md), so a
+    cluster of many machines wants about one per machine; each keeps its own --max-queue count and
+    /metrics counters, and all route by the same prefix hash."""
     ray, serve = require_ray()
     from ray.serve.config import RequestRouterConfig
 
@@ -332,7 +335,7 @@ def build_app(source: str | None, model_name: str, api_key: str | None, *, repli
 
     count = autoscale[1] if autoscale is not None else replicas
 
-    @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+    @serve.deployment(name="Ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
     @serve.ingress()
     class Ingress:
         """minillm's own FastAPI app, built in the ingress replica over the engine replicas."""
@@ -379,7 +382,7 @@ def deployment_app(args: dict):
     """An application builder for Ray's own tooling: `serve run minillm.cluster:deployment_app
     model=/models/x.gguf replicas=4`, or a KubeRay RayService's serveConfigV2 (import_path, args).
     args: serve's options by name (model, model_name, api_key, replicas, threads, autoscale as
-    "MIN:MAX", max_batch, max_queue, ctx, dtype, cache_mb), as strings or values."""
+    "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype, cache_mb), as strings or values."""
     def number(key, kind, default=None):
         return kind(args[key]) if args.get(key) not in (None, "") else default
 
@@ -390,5 +393,5 @@ def deployment_app(args: dict):
     source = args.get("model")
     name = args.get("model_name") or (Path(source).stem if source else "SmolLM2-135M-Instruct")
     return build_app(source, name, args.get("api_key"), replicas=number("replicas", int, 1), threads=number("threads", int, 1),
-                     autoscale=autoscale, max_batch=number("max_batch", int, 8), max_queue=number("max_queue", int, 64),
-                     ctx=number("ctx", int), dtype=args.get("dtype"), cache_mb=number("cache_mb", float))
+                     autoscale=autoscale, ingress_replicas=number("ingress_replicas", int, 1), max_batch=number("max_batch", int, 8), max_queue=number("max_queue", int, 64),
+                     ctx=number("ctx", int), dtype=args.get("dtype") or None, cache_mb=number("cache_mb", float))

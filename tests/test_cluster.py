@@ -190,3 +190,20 @@ def test_replicas_without_ray_is_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "minillm[cluster]" in out.stderr
+
+
+def test_deployment_app_takes_serves_options_by_name(monkeypatch, default_model_dir):
+    """`serve run minillm.cluster:deployment_app model=... replicas=...` and KubeRay's serveConfigV2
+    args arrive as strings: each becomes the option `serve` gives build_app."""
+    from ray import serve
+
+    from minillm import cluster
+
+    app = cluster.deployment_app({"model": str(default_model_dir), "replicas": "2", "threads": "1"})
+    assert isinstance(app, serve.Application)
+    seen = {}
+    monkeypatch.setattr(cluster, "build_app", lambda source, name, key, **options: seen.update(source=source, name=name, key=key, **options))
+    cluster.deployment_app({"model": "/models/q.gguf", "autoscale": "1:8", "threads": "4", "max_batch": "16",
+                            "ctx": "4096", "cache_mb": "512", "api_key": "k", "dtype": "", "ingress_replicas": "3"})
+    assert seen == {"source": "/models/q.gguf", "name": "q", "key": "k", "replicas": 1, "threads": 4, "autoscale": (1, 8),
+                    "ingress_replicas": 3, "max_batch": 16, "max_queue": 64, "ctx": 4096, "dtype": None, "cache_mb": 512.0}
