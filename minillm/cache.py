@@ -23,6 +23,8 @@ class KVCache:
         self.v = lazy_zeros(shape) if v is None else v
         self.ctx = ctx
         self.length = 0
+        # sliding-window layers' positions below this were given back to the OS (read as zeros)
+        self.released = 0
 
     def reserve(self, n: int) -> int:
         """Check that n more positions fit; returns the first of them."""
@@ -34,12 +36,31 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+        self.released = 0
 
     def truncate(self, length: int) -> None:
         """Forget positions from `length` on (e.g. to reuse a shared prompt prefix)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        if self.released and length < self.length:
+            raise GenerationError(
+                f"cannot truncate to {length}: sliding-window layers no longer hold positions below {self.released}"
+            )
         self.length = length
+
+    def release_outside_window(self, layers: np.ndarray, window: int, step: int) -> None:
+        """Give back the memory of positions the sliding-window `layers` will never read again
+        (those before the next query's window of `window` positions), `step` positions at a time,
+        so a long sequence holds only about window + step positions of them."""
+        dead = self.length + 1 - window  # the next query, at `length`, reads from here on
+        if dead - self.released < step:
+            return
+        dead -= dead % step
+        for arr in (self.k, self.v):
+            for layer in layers:
+                for head in range(arr.shape[1]):
+                    release_pages(arr[layer, head, self.released : dead])
+        self.released = dead
 
 
 class KVPool:
@@ -63,6 +84,21 @@ class KVPool:
         self.free.append(slot)
 
 
+def release_pages(arr: np.ndarray) -> None:
+    """Return the whole pages inside a C-contiguous slice of a lazy_zeros array to the OS; they
+    read as zeros afterwards and take memory again only when written."""
+    buf = arr
+    while not isinstance(buf, mmap.mmap):
+        buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
+        if buf is None:
+            return  # not from lazy_zeros: nothing to give back
+    start = arr.ctypes.data - np.frombuffer(buf, np.uint8, count=1).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (start + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first and hasattr(mmap, "MADV_DONTNEED"):
+        buf.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     """float32 zeros whose pages are only materialised when first written.
 
@@ -73,5 +109,8 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     n = 4
     for d in shape:
         n *= d
-    buf = mmap.mmap(-1, max(n, 1))
+    if hasattr(mmap, "MAP_PRIVATE"):  # private, so release_pages' MADV_DONTNEED frees the pages
+        buf = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
+        buf = mmap.mmap(-1, max(n, 1))
     return np.frombuffer(buf, dtype=np.float32, count=n // 4).reshape(shape)

@@ -293,6 +293,7 @@ class Engine:
             handle.cached_tokens = cached
             logits = self.model.forward(request.prompt[cached:], cache)
             self.prefix.store(request.prompt, cache)  # for requests that share this prompt, even now
+            self.model.release_outside_windows(cache)
             self.stats.prompt_tokens += len(request.prompt) - cached
             self.stats.cached_tokens += cached
             if self._advance(seq, logits):
@@ -318,6 +319,7 @@ class Engine:
         self.stats.batch_tokens += len(active)
         keep = []
         for s, row in zip(active, logits):
+            self.model.release_outside_windows(s.cache)
             try:
                 if self._advance(s, row):
                     keep.append(s)

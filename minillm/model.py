@@ -30,6 +30,7 @@ from .config import ModelConfig, RopeScaling
 from .errors import ConfigError, GenerationError
 
 PREFILL_CHUNK = 256
+RELEASE_STEP = 64  # sliding-window layers give back memory in steps of this many positions
 
 
 def rope_inv_freq(cfg: ModelConfig, rope: tuple[float, RopeScaling] | None = None, ctx: int | None = None) -> np.ndarray:
@@ -205,6 +206,7 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
+        self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
         self._lock = threading.Lock()
         self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.dtype)
         self._prefill_ws: PrefillWorkspace | None = None
@@ -252,6 +254,14 @@ class Model:
                 if all_logits:
                     out[start : start + len(chunk)] = logits
             return out if all_logits else logits
+
+    def release_outside_windows(self, cache: KVCache) -> None:
+        """Give back the memory of sliding-window layers' positions no later token can attend to,
+        RELEASE_STEP positions at a time: a long sequence holds about window + RELEASE_STEP of
+        them per sliding layer (full layers keep every position). After this, `cache` cannot be
+        truncated below its length (the engine never does; the prefix cache copies blocks first)."""
+        if len(self.sliding_layers):
+            cache.release_outside_window(self.sliding_layers, int(self.windows.max()), RELEASE_STEP)
 
     def _prefill_workspace(self) -> PrefillWorkspace:
         if self._prefill_ws is None:

@@ -41,6 +41,11 @@ def default_budget_mb() -> int:
 
 class PrefixCache:
     def __init__(self, cfg: ModelConfig, budget_mb: float):
+        # a block copied after its sequence's sliding-window layers gave its positions back
+        # (KVCache.released) holds zeros there: usable inside a chain, never as one of the
+        # last `window` positions before a load's end
+        self.window = max(cfg.layer_window(i) for i in range(cfg.num_hidden_layers))
+        self._whole: dict[int, bool] = {}  # block -> its sliding layers' positions are all there
         per_block = cfg.num_hidden_layers * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim
         self.block_bytes = 2 * 4 * per_block  # keys and values, float32
         self.capacity = max(0, int(budget_mb * 2**20) // self.block_bytes)
@@ -63,6 +68,8 @@ class PrefixCache:
         """Fill an empty `cache` with the longest cached prefix of `tokens`, leaving at least one
         token to prefill (its logits start generation); returns the number of tokens loaded."""
         blocks = self._lookup(tokens, len(tokens) - 1)
+        while blocks and not all(self._whole[b] for b in blocks[max(0, len(blocks) * BLOCK_TOKENS + 1 - self.window) // BLOCK_TOKENS :]):
+            blocks.pop()  # the next query's window would reach positions this block lacks
         for i, block in enumerate(blocks):
             at = slice(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
             cache.k[:, :, at] = self.k[block]
@@ -79,13 +86,16 @@ class PrefixCache:
             at = slice(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
             key = (parent, tuple(int(t) for t in tokens[at]))
             block = self._index.get(key)
+            whole = at.start >= cache.released
             if block is None:
                 block = self._allocate()
                 if block is None:
                     break
+                self._insert(block, key)
+            if block not in self._whole or (whole and not self._whole[block]):
                 self.k[block] = cache.k[:, :, at]
                 self.v[block] = cache.v[:, :, at]
-                self._insert(block, key)
+                self._whole[block] = whole
             chain.append(block)
             parent = self._uid[block]
         for block in reversed(chain):  # the root most recent, as in _lookup
@@ -110,7 +120,7 @@ class PrefixCache:
             return None  # no budget at all
         block, _ = self._lru.popitem(last=False)
         del self._index[self._key.pop(block)]
-        del self._uid[block]
+        del self._uid[block], self._whole[block]
         return block
 
     def _insert(self, block: int, key: tuple[int, tuple[int, ...]]) -> None:
