@@ -11,7 +11,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .activation_prep import activation, chunk_operand, operand_buffers, prepare_operand
-from .blocks import block_product
+from .blocks import block_product, block_row_get
 from .ir_blocks import QBLOCK
 from .jit import EXACT_MATH, kernel
 from .quant import block_format, chunked_len, weight_at
@@ -33,10 +33,18 @@ def matvec(out, x, w, s):
         dense_matvec(out, x, w, s)
 
 
+# From this many tokens on, block-format rows are dequantized once into a float32 panel and the
+# float32 tiles run over it (prefill); below, block tiles dequantize per tile (batched decode).
+PANEL_TOKENS = 16
+
+
 def matmul(out, x, w, s):
     """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision."""
     if w.dtype == np.uint8:
-        block_matmul(out, x, w, s)
+        if x.shape[0] >= PANEL_TOKENS:
+            panel_matmul(out, x, w, s)
+        else:
+            block_matmul(out, x, w, s)
     else:
         dense_matmul(out, x, w, s)
 
@@ -50,6 +58,32 @@ def block_matmul(out, x, w, s):
     for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         n0 = task * ROWS_PER_TASK
         block_product(fmt, out, 0, w, n0, min(N, n0 + ROWS_PER_TASK), x)
+
+
+@kernel(fastmath=EXACT_MATH)
+def panel_matmul(out, x, w, s):
+    """x (T, K) @ W (N, K).T for block-format weights, many tokens: each task's rows dequantized
+    once into a float32 panel (as gguf-py does, kernels.blocks), then dense_matmul's float32 tiles
+    run over it for every token. A weight is unpacked once per prefill chunk instead of once per
+    tile of tokens, and the sums are the float32 path's, equal bit for bit to the block tiles'."""
+    T, K = x.shape
+    N = w.shape[0]
+    RB = ROWS_PER_TASK
+    fmt = block_format(s)
+    proto = np.empty((1, K), np.float32)  # types the float32 operand helpers
+    none = np.zeros((1, 1), np.float32)  # float32 rows have no scales
+    full = chunked_len(proto, K)
+    xo, xs = operand_buffers(proto, T, K)
+    for t in prange(T):
+        prepare_operand(proto, xo, xs, x, t)
+    xc = chunk_operand(proto, x, xo)
+    for task in prange((N + RB - 1) // RB):
+        n0 = task * RB
+        rows = min(N, n0 + RB) - n0
+        panel = np.empty((RB, K), np.float32)
+        for r in range(rows):
+            block_row_get(fmt, w, n0 + r, panel[r])
+        sweep_rows(out, n0, panel, none, 0, rows, x, xo, xs, xc, none[0, :0], full)
 
 
 @kernel(fastmath=EXACT_MATH)
@@ -133,25 +167,32 @@ def dense_matmul(out, x, w, s):
     for task in prange((N + RB - 1) // RB):
         n0 = task * RB
         n1 = min(N, n0 + RB)
-        table = tile_scratch(w, K)
-        t = 0
-        while t + 4 <= T:
-            n = n0
-            while n + 4 <= n1:
-                # literal indices below: a tuple indexed at run time is slow
-                d = prepared_tile_4x4(w, s, n, xc, xs, t, table)
-                store4(out, t, n, d[0], d[1], d[2], d[3], w, s, n, x, full)
-                store4(out, t + 1, n, d[4], d[5], d[6], d[7], w, s, n, x, full)
-                store4(out, t + 2, n, d[8], d[9], d[10], d[11], w, s, n, x, full)
-                store4(out, t + 3, n, d[12], d[13], d[14], d[15], w, s, n, x, full)
-                n += 4
-            for n in range(n, n1):  # the last rows of a partial block
-                for tt in range(t, t + 4):
-                    out[tt, n] = row_dot(w, s, n, x[tt], xo[tt], xs[tt])
-            t += 4
-        for tt in range(t, T):  # the last T % 4 tokens
-            for n in range(n0, n1):
-                out[tt, n] = row_dot(w, s, n, x[tt], xo[tt], xs[tt])
+        sweep_rows(out, 0, w, s, n0, n1, x, xo, xs, xc, tile_scratch(w, K), full)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
+    """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every token: register tiles
+    of 4 tokens x 4 rows (prepared_tile_4x4), then the rows and tokens left over, a row_dot each."""
+    T = x.shape[0]
+    t = 0
+    while t + 4 <= T:
+        r = r0
+        while r + 4 <= r1:
+            # literal indices below: a tuple indexed at run time is slow
+            d = prepared_tile_4x4(w, s, r, xc, xs, t, table)
+            store4(out, t, col + r, d[0], d[1], d[2], d[3], w, s, r, x, full)
+            store4(out, t + 1, col + r, d[4], d[5], d[6], d[7], w, s, r, x, full)
+            store4(out, t + 2, col + r, d[8], d[9], d[10], d[11], w, s, r, x, full)
+            store4(out, t + 3, col + r, d[12], d[13], d[14], d[15], w, s, r, x, full)
+            r += 4
+        for r in range(r, r1):  # the last rows of a partial block
+            for tt in range(t, t + 4):
+                out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
+        t += 4
+    for tt in range(t, T):  # the last T % 4 tokens
+        for r in range(r0, r1):
+            out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")  # 16 calls per register tile: no call overhead

@@ -2,6 +2,8 @@
 to the float32 path's fixed-order dot product of the dequantized rows for every tile shape, and
 the Q4_0 quantizer equal to gguf-py's."""
 
+import importlib
+
 import numpy as np
 import pytest
 from numba import njit
@@ -10,6 +12,8 @@ import kernels as K
 import kernels.blocks as KB
 from gguf_tiny import random_blocks
 from kernels.weight_products import row_dot
+
+KM = importlib.import_module("kernels.matmul")  # the module; `kernels.matmul` is also the function
 
 FORMATS = list(KB.FORMATS)
 
@@ -50,11 +54,12 @@ def test_rows_dequantize_as_gguf_py_does(fmt):
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
 
 
-@pytest.mark.parametrize("T", [7, 13])
+@pytest.mark.parametrize("T", [7, 13, 37])
 @pytest.mark.parametrize("fmt", FORMATS, ids=[KB.NAMES[f] for f in FORMATS])
 def test_products_are_the_float32_paths_on_dequantized_rows(fmt, T):
     """Every tile shape (below 8 tokens: 4 or 1 rows by 4 or 1 tokens; from 8: 2 or 1 rows by
-    8, 4 or 1 tokens; odd counts of both), matvec and matmul give the float32 path's bits."""
+    8, 4 or 1 tokens; odd counts of both), the dequantized panels of prefill (from PANEL_TOKENS
+    tokens), matvec and matmul give the float32 path's bits."""
     rows, cols = 11, 768
     w = blocks_of(fmt, rows, cols, seed=1)
     wf = gguf_dequantize(w, fmt, rows, cols)
@@ -65,6 +70,9 @@ def test_products_are_the_float32_paths_on_dequantized_rows(fmt, T):
     out = np.zeros((T, rows), np.float32)
     K.matmul(out, x, w, s)
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+    tiles = np.zeros((T, rows), np.float32)
+    KM.block_matmul(tiles, x, w, s)  # the block tiles, whatever matmul chose
+    np.testing.assert_array_equal(tiles.view(np.uint32), ref.view(np.uint32))
     one = np.zeros(rows, np.float32)
     K.matvec(one, x[3], w, s)
     np.testing.assert_array_equal(one, ref[3])
