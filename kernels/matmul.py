@@ -66,17 +66,12 @@ def panel_matmul(out, x, w, s):
     once into a float32 panel (as gguf-py does, kernels.blocks), then dense_matmul's float32 tiles
     run over it for every token. A weight is unpacked once per prefill chunk instead of once per
     tile of tokens, and the sums are the float32 path's, equal bit for bit to the block tiles'."""
-    T, K = x.shape
+    K = x.shape[1]
     N = w.shape[0]
     RB = ROWS_PER_TASK
     fmt = block_format(s)
-    proto = np.empty((1, K), np.float32)  # types the float32 operand helpers
     none = np.zeros((1, 1), np.float32)  # float32 rows have no scales
-    full = chunked_len(proto, K)
-    xo, xs = operand_buffers(proto, T, K)
-    for t in prange(T):
-        prepare_operand(proto, xo, xs, x, t)
-    xc = chunk_operand(proto, x, xo)
+    full, xo, xs, xc = operands(np.empty((1, K), np.float32), x)
     for task in prange((N + RB - 1) // RB):
         n0 = task * RB
         rows = min(N, n0 + RB) - n0
@@ -156,18 +151,25 @@ def dense_matmul(out, x, w, s):
     follow row_dot's fixed order, so every output equals the decode path's dot product to the
     last bit.
     """
-    T, K = x.shape
+    K = x.shape[1]
     N = w.shape[0]
     RB = ROWS_PER_TASK
-    full = chunked_len(w, K)
-    xo, xs = operand_buffers(w, T, K)
-    for t in prange(T):
-        prepare_operand(w, xo, xs, x, t)
-    xc = chunk_operand(w, x, xo)
+    full, xo, xs, xc = operands(w, x)
     for task in prange((N + RB - 1) // RB):
         n0 = task * RB
         n1 = min(N, n0 + RB)
         sweep_rows(out, 0, w, s, n0, n1, x, xo, xs, xc, tile_scratch(w, K), full)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def operands(w, x):
+    """x (T, K) prepared once for rows like w's (kernels.activation_prep): the length of the full
+    chunks, the prepared rows and their scales, and the chunked view the tiles read."""
+    T, K = x.shape
+    xo, xs = operand_buffers(w, T, K)
+    for t in prange(T):
+        prepare_operand(w, xo, xs, x, t)
+    return chunked_len(w, K), xo, xs, chunk_operand(w, x, xo)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
