@@ -342,9 +342,9 @@ def _serve_flags(sv, model_flags) -> None:
                     help="memory for the prefix KV cache shared by requests (default: a fifth of free memory, at most 2048; 0: off)")
     sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
     sv.add_argument("--replicas", type=int, metavar="N", help="N engine replicas on Ray Serve behind one endpoint (minillm[cluster])")
-    sv.add_argument("--threads-per-replica", type=int, default=1, metavar="T", help="CPUs and Numba threads per replica (default 1)")
+    sv.add_argument("--threads-per-replica", type=int, metavar="T", help="CPUs and Numba threads per replica (default 1)")
     sv.add_argument("--autoscale", metavar="MIN:MAX", help="scale replicas between MIN and MAX on ongoing requests")
-    sv.add_argument("--ingress-replicas", type=int, default=1, metavar="N",
+    sv.add_argument("--ingress-replicas", type=int, metavar="N",
                     help="replicas of the HTTP ingress, which relays every token (about one per machine; default 1)")
     sv.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local Ray with the command)")
 
@@ -366,14 +366,21 @@ def cmd_serve(args) -> int:
         from minillm.cluster import require_ray, run
 
         require_ray()
+        if args.replicas is not None and args.autoscale:
+            raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
         autoscale = _autoscale(args.autoscale) if args.autoscale else None
         replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
-        if min(replicas, args.threads_per_replica, args.ingress_replicas) < 1:
+        threads, ingress = args.threads_per_replica or 1, args.ingress_replicas or 1
+        if min(replicas, threads, ingress) < 1:
             raise UsageError("--replicas, --threads-per-replica and --ingress-replicas must be >= 1")
         run(args.model, name, args.api_key, args.host, args.port, args.ray_address, on_ready=ready, replicas=replicas,
-            threads=args.threads_per_replica, autoscale=autoscale, ingress_replicas=args.ingress_replicas,
-            max_batch=args.max_batch, max_queue=args.max_queue, ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb, check_weights=args.check_weights)
+            threads=threads, autoscale=autoscale, ingress_replicas=ingress, max_batch=args.max_batch,
+            max_queue=args.max_queue, ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb,
+            check_weights=args.check_weights, shutdown_timeout=args.shutdown_timeout)
         return 0
+    for flag in ("threads_per_replica", "ingress_replicas"):  # cluster flags on a single server
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} needs --replicas, --autoscale or --ray-address")
 
     from minillm.server import serve
 

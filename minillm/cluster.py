@@ -252,7 +252,7 @@ class RemoteLLM:
     and embedding go to the replicas."""
 
     def __init__(self, source: str | None, handle, replicas: int, max_batch: int, max_queue: int, ctx: int | None, deployment: str):
-        from .api import tokenizer_files
+        from .api import LLMFiles, tokenizer_files
         from .config import ModelConfig
 
         self.model_dir, config_file = tokenizer_files(source)
@@ -260,27 +260,19 @@ class RemoteLLM:
         self.model = SimpleNamespace(config=cfg, ctx=cfg.context_size(ctx))
         self.engine = RemoteEngine(handle, cfg.vocab_size, self.model.ctx, replicas * max_batch + max_queue)
         self.handle, self.deployment = handle, deployment
+        self.files = LLMFiles(self.model_dir, cfg)  # each part read on first use
 
     @property
     def tokenizer(self):
-        return self._local.tokenizer
+        return self.files.tokenizer
 
     @property
     def eos_ids(self):
-        return self._local.eos_ids
+        return self.files.eos_ids
 
     @property
     def grammars(self):
-        return self._local.grammars
-
-    @property
-    def _local(self):
-        """The files-only parts of an LLM (api.LLMFiles): tokenizer, EOS ids, grammars."""
-        if not hasattr(self, "_files"):
-            from .api import LLMFiles
-
-            self._files = LLMFiles(self.model_dir, self.model.config)
-        return self._files
+        return self.files.grammars
 
     def check_prompt(self, ids) -> None:
         check_prompt(ids, self.model.config.vocab_size, self.model.ctx)
@@ -307,11 +299,13 @@ class RemoteLLM:
 
 def build_app(source: str | None, model_name: str, api_key: str | None, *, replicas: int = 1, threads: int = 1,
               autoscale: tuple[int, int] | None = None, ingress_replicas: int = 1, max_batch: int = 8, max_queue: int = 64,
-              ctx: int | None = None, dtype: str | None = None, cache_mb: float | None = None, check_weights: bool = False):
+              ctx: int | None = None, dtype: str | None = None, cache_mb: float | None = None, check_weights: bool = False,
+              shutdown_timeout: float = 30.0):
     """The Ray Serve application: `ingress_replicas` ingresses over `replicas` engine replicas (or
     autoscaled). The ingress relays every token (about 2 ms of CPU each, docs/scaling.md), so a
     cluster of many machines wants about one per machine; each keeps its own --max-queue count and
-    /metrics counters, and all route by the same prefix hash."""
+    /metrics counters, and all route by the same prefix hash. shutdown_timeout: seconds a stopping
+    replica lets its running requests finish (serve's --shutdown-timeout)."""
     ray, serve = require_ray()
     from ray.serve.config import RequestRouterConfig
 
@@ -328,14 +322,15 @@ def build_app(source: str | None, model_name: str, api_key: str | None, *, repli
         EngineReplica, name="EngineReplica",
         ray_actor_options={"num_cpus": threads, "runtime_env": {"env_vars": {"NUMBA_NUM_THREADS": str(threads)}}},
         max_ongoing_requests=max_batch, health_check_period_s=5, health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=30,
+        graceful_shutdown_timeout_s=shutdown_timeout,
         request_router_config=RequestRouterConfig(request_router_class="minillm.cluster_router:PrefixAffinityRouter"),
         **scaling,
     ).bind(source, options)
 
     count = autoscale[1] if autoscale is not None else replicas
 
-    @serve.deployment(name="Ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+    @serve.deployment(name="Ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
+                      graceful_shutdown_timeout_s=shutdown_timeout)
     @serve.ingress()
     class Ingress:
         """minillm's own FastAPI app, built in the ingress replica over the engine replicas."""
@@ -382,7 +377,12 @@ def deployment_app(args: dict):
     """An application builder for Ray's own tooling: `serve run minillm.cluster:deployment_app
     model=/models/x.gguf replicas=4`, or a KubeRay RayService's serveConfigV2 (import_path, args).
     args: serve's options by name (model, model_name, api_key, replicas, threads, autoscale as
-    "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype, cache_mb), as strings or values."""
+    "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype, cache_mb, check_weights,
+    shutdown_timeout), as strings or values; any other name is an error that names it."""
+    unknown = sorted(set(args) - DEPLOYMENT_ARGS)
+    if unknown:
+        raise UsageError(f"minillm.cluster:deployment_app: unknown argument {unknown[0]!r}; known: {', '.join(sorted(DEPLOYMENT_ARGS))}")
+
     def number(key, kind, default=None):
         return kind(args[key]) if args.get(key) not in (None, "") else default
 
@@ -394,4 +394,10 @@ def deployment_app(args: dict):
     name = args.get("model_name") or (Path(source).stem if source else "SmolLM2-135M-Instruct")
     return build_app(source, name, args.get("api_key"), replicas=number("replicas", int, 1), threads=number("threads", int, 1),
                      autoscale=autoscale, ingress_replicas=number("ingress_replicas", int, 1), max_batch=number("max_batch", int, 8), max_queue=number("max_queue", int, 64),
-                     ctx=number("ctx", int), dtype=args.get("dtype") or None, cache_mb=number("cache_mb", float))
+                     ctx=number("ctx", int), dtype=args.get("dtype") or None, cache_mb=number("cache_mb", float),
+                     check_weights=str(args.get("check_weights", "")).lower() in ("1", "true", "yes"),
+                     shutdown_timeout=number("shutdown_timeout", float, 30.0))
+
+
+DEPLOYMENT_ARGS = {"model", "model_name", "api_key", "replicas", "threads", "autoscale", "ingress_replicas", "max_batch",
+                   "max_queue", "ctx", "dtype", "cache_mb", "check_weights", "shutdown_timeout"}

@@ -204,6 +204,18 @@ def test_deployment_app_takes_serves_options_by_name(monkeypatch, default_model_
     seen = {}
     monkeypatch.setattr(cluster, "build_app", lambda source, name, key, **options: seen.update(source=source, name=name, key=key, **options))
     cluster.deployment_app({"model": "/models/q.gguf", "autoscale": "1:8", "threads": "4", "max_batch": "16",
-                            "ctx": "4096", "cache_mb": "512", "api_key": "k", "dtype": "", "ingress_replicas": "3"})
+                            "ctx": "4096", "cache_mb": "512", "api_key": "k", "dtype": "", "ingress_replicas": "3",
+                            "check_weights": "true", "shutdown_timeout": "5"})
     assert seen == {"source": "/models/q.gguf", "name": "q", "key": "k", "replicas": 1, "threads": 4, "autoscale": (1, 8),
-                    "ingress_replicas": 3, "max_batch": 16, "max_queue": 64, "ctx": 4096, "dtype": None, "cache_mb": 512.0}
+                    "ingress_replicas": 3, "max_batch": 16, "max_queue": 64, "ctx": 4096, "dtype": None, "cache_mb": 512.0,
+                    "check_weights": True, "shutdown_timeout": 5.0}
+    with pytest.raises(Exception, match="unknown argument 'replica'"):  # a misspelt option is not ignored
+        cluster.deployment_app({"model": "/models/q.gguf", "replica": "4"})
+
+
+def test_cluster_flags_are_errors_where_they_would_be_ignored():
+    for args, fragment in ((["--threads-per-replica", "2"], "--threads-per-replica needs --replicas"),
+                           (["--ingress-replicas", "2"], "--ingress-replicas needs --replicas"),
+                           (["--replicas", "2", "--autoscale", "1:3"], "--replicas and --autoscale")):
+        out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "serve", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and fragment in out.stderr, out.stderr
