@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .blocks import block_row_get
+from .blocks import FORMATS, Q4_0, Q8_0, block_row_get
 from .ir_blocks import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
 
@@ -218,8 +218,8 @@ def dequantize(out, w, s):
         row_get(w, s, n, out[n])
 
 
-Q4_0_BYTES = 18  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
-Q8_0_BYTES = 34  # per block of 32: a float16 scale, 32 int8 levels
+Q4_0_BYTES = FORMATS[Q4_0][1]  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
+Q8_0_BYTES = FORMATS[Q8_0][1]  # per block of 32: a float16 scale, 32 int8 levels
 
 
 @kernel()

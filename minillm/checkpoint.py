@@ -258,13 +258,13 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     BF16 matrices only runs on the float32 or bfloat16 kernels), or converted to `dtype`."""
     import kernels as K
 
-    from .gguf_file import GGUFModel
+    from .gguf_file import GGML_BF16, GGML_F32, GGUFModel
 
     model = GGUFModel(path)
     cfg, shapes = model.cfg, expected_shapes(model.cfg)
     if dtype == GGUF_STORED:
         types = {model.ggml_type(name) for name, shape in shapes.items() if len(shape) == 2}
-        dtype = {frozenset({0}): "float32", frozenset({30}): "bfloat16"}.get(frozenset(types), GGUF_STORED)
+        dtype = {frozenset({GGML_F32}): "float32", frozenset({GGML_BF16}): "bfloat16"}.get(frozenset(types), GGUF_STORED)
         as_stored = True
     else:
         as_stored = False
@@ -356,7 +356,7 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
     elif dtype == "int8":
         w = np.empty((N, Kdim), np.int8)
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
-    else:  # q4_0, or q8_0 for q4_0's output matrix (output_format)
+    else:  # q4_0, or q8_0 for q4_0's output matrix (matrix_format)
         if Kdim % K.QBLOCK:
             raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of 32, as {dtype} needs")
         block_bytes, ggml_type = (K.Q4_0_BYTES, K.Q4_0) if dtype == "q4_0" else (K.Q8_0_BYTES, K.Q8_0)

@@ -105,6 +105,11 @@ class ModelConfig:
         sliding = self.layer_types and self.layer_types[i] == "sliding_attention"
         return self.sliding_window if sliding else 0
 
+    @property
+    def widest_window(self) -> int:
+        """The longest window of any sliding layer (0: no layer slides)."""
+        return max((self.layer_window(i) for i in range(self.num_hidden_layers)), default=0)
+
     def layer_rope(self, i: int) -> tuple[float, RopeScaling] | None:
         """Layer i's RoPE base and scaling; None for a layer without RoPE."""
         if self.rope_layers and not self.rope_layers[i]:

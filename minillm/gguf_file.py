@@ -35,7 +35,8 @@ ARCHITECTURES = {
 # Tensors that hold RoPE settings rather than weights: read into the config.
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # ggml types that run on the float32 and bfloat16 kernels when a file holds nothing else
-FLOAT_TYPES = {0: np.float32, 30: np.uint16}  # F32, BF16 (as bits)
+GGML_F32, GGML_BF16 = 0, 30
+FLOAT_TYPES = {GGML_F32: np.float32, GGML_BF16: np.uint16}  # BF16 as bits
 
 
 class Metadata:
@@ -107,19 +108,14 @@ class GGUFModel:
         return np.memmap(self.path, dtype=np.uint8, mode="c")
 
     def _raw(self, t: TensorEntry) -> np.ndarray:
-        """The tensor's bytes, one row (innermost dimension) per line: (rows, bytes per row)."""
-        rows = 1
-        for d in t.shape[1:]:
-            rows *= d
-        start = self.layout.data_start + t.offset
-        return self._data[start : start + t.nbytes].reshape(rows, t.nbytes // rows)
+        return tensor_bytes(self._data, self.layout, t)
 
     def _small_tensor(self, name: str) -> np.ndarray | None:
         """A 1-D float32 tensor read whole (RoPE factors), or None if the file has none."""
         t = self._by_gguf_name.get(name)
         if t is None:
             return None
-        if t.type != 0 or len(t.shape) != 1:
+        if t.type != GGML_F32 or len(t.shape) != 1:
             raise GGUFError(f"{self.path}: tensor {name!r} must be a 1-D F32 tensor")
         return np.array(self._raw(t).view(np.float32).reshape(-1))
 
@@ -128,15 +124,7 @@ class GGUFModel:
 
     def float32(self, hf_name: str) -> np.ndarray:
         """The tensor dequantized to float32 in HF's layout (gguf-py dequantizes the checked bytes)."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        t = self.entries[hf_name]
-        try:
-            w = np.asarray(dequantize(self._raw(t), GGMLQuantizationType(t.type)), dtype=np.float32)
-        except (ValueError, NotImplementedError, TypeError) as e:
-            raise GGUFError(f"{self.path}: cannot dequantize tensor {t.name!r}: {e}") from None
-        w = w.reshape(tuple(reversed(t.shape)))
+        w = dequantized(self._raw(self.entries[hf_name]), self.entries[hf_name], self.path)
         if self.cfg.norm_offset and w.ndim == 1 and hf_name.endswith("norm.weight"):
             w = w - np.float32(1.0)  # the converter stored Gemma's norms as 1 + w
         return np.ascontiguousarray(self._unpermute(hf_name, w))
@@ -161,6 +149,16 @@ class GGUFModel:
         return w[unpermute_rows(w.shape[0], heads)]
 
     # ---------------------------------------------------------------- tokenizer files
+
+    def text_files(self) -> dict:
+        """{file name: text} of everything but the weights an HF directory holds: config.json,
+        tokenizer.json, tokenizer_config.json (with the chat template), generation_config.json."""
+        return {
+            "config.json": _json_text(self.config),
+            "tokenizer.json": self.tokenizer_json(),
+            "tokenizer_config.json": _json_text(self.tokenizer_config()),
+            "generation_config.json": _json_text(self.generation_config()),
+        }
 
     def tokenizer_json(self) -> str:
         from .gguf_tokenizer import build_tokenizer_json
@@ -324,24 +322,34 @@ def _gemma(meta: Metadata, p: str, arch: str, config: dict, rope: dict) -> dict:
     return out
 
 
-def gguf_tensors(path: Path, layout: GGUFLayout):
-    """(entry, float32 array in GGUF order, outermost dimension first) for every tensor of a
-    checked file, whatever it describes: gguf-py dequantizes the bytes check_gguf validated."""
+def tensor_bytes(data: np.ndarray, layout: GGUFLayout, t: TensorEntry) -> np.ndarray:
+    """A checked tensor's bytes in the mapped file `data`, one row (innermost dimension) per
+    line: (rows, bytes per row)."""
+    rows = 1
+    for d in t.shape[1:]:
+        rows *= d
+    start = layout.data_start + t.offset
+    return data[start : start + t.nbytes].reshape(rows, t.nbytes // rows)
+
+
+def dequantized(raw: np.ndarray, t: TensorEntry, path: Path) -> np.ndarray:
+    """tensor_bytes dequantized to float32 by gguf-py, outermost dimension first."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    try:
+        w = np.asarray(dequantize(raw, GGMLQuantizationType(t.type)), dtype=np.float32)
+    except (ValueError, NotImplementedError, TypeError) as e:
+        raise GGUFError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from None
+    return w.reshape(tuple(reversed(t.shape)))
+
+
+def gguf_tensors(path: Path, layout: GGUFLayout):
+    """(entry, float32 array in GGUF order, outermost dimension first) for every tensor of a
+    checked file, whatever it describes: gguf-py dequantizes the bytes check_gguf validated."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     for t in layout.tensors:
-        rows = 1
-        for d in t.shape[1:]:
-            rows *= d
-        start = layout.data_start + t.offset
-        raw = np.asarray(data[start : start + t.nbytes]).reshape(rows, t.nbytes // rows)
-        try:
-            w = np.asarray(dequantize(raw, GGMLQuantizationType(t.type)), dtype=np.float32)
-        except (ValueError, NotImplementedError, TypeError) as e:
-            raise GGUFError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from None
-        yield t, w.reshape(tuple(reversed(t.shape)))
+        yield t, dequantized(tensor_bytes(data, layout, t), t, path)
 
 
 def tokenizer_dir(path: str | Path, store: Path) -> Path:
@@ -350,7 +358,6 @@ def tokenizer_dir(path: str | Path, store: Path) -> Path:
     the first time and kept under `store`, keyed by the file's path, size and time; written to a
     temporary name and renamed, as an import is."""
     import hashlib
-    import json
     import os
     import shutil
 
@@ -361,22 +368,28 @@ def tokenizer_dir(path: str | Path, store: Path) -> Path:
     if (dest / "generation_config.json").is_file():
         return dest
     model = GGUFModel(path)
-    files = {
-        "tokenizer.json": model.tokenizer_json(),
-        "tokenizer_config.json": json.dumps(model.tokenizer_config(), indent=2, ensure_ascii=False),
-        "config.json": json.dumps(model.config, indent=2),
-        "generation_config.json": json.dumps(model.generation_config(), indent=2),
-    }
+    files = model.text_files()
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".writing-{dest.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        for name, text in files.items():
-            (tmp / name).write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")
+        write_text_files(tmp, files)
         os.rename(tmp, dest)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (dest / "generation_config.json").is_file():
             raise
     return dest
+
+
+def _json_text(obj) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, ensure_ascii=False)
+
+
+def write_text_files(directory: Path, files: dict) -> None:
+    """GGUFModel.text_files written into `directory`, each ending in a newline."""
+    for name, text in files.items():
+        (directory / name).write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")

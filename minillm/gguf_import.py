@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .errors import GGUFError
-from .gguf_file import GGUFModel
+from .gguf_file import GGUFModel, write_text_files
 
 TMP_PREFIX = ".importing-"
 
@@ -32,8 +32,7 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
     if dest.exists():
         raise GGUFError(f"{dest}: already exists")
     model = GGUFModel(gguf_path)  # everything below reads what its check parsed and validated
-    tokenizer_json = model.tokenizer_json()
-    tok_config = model.tokenizer_config()
+    files = model.text_files()
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_imports(dest.parent)
@@ -49,10 +48,7 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
         bar.close()
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
-        _write_json(tmp / "config.json", model.config)
-        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", tok_config)
-        _write_json(tmp / "generation_config.json", model.generation_config())
+        write_text_files(tmp, files)
         # Where the weights came from: `compare` uses transformers reading this same GGUF as the oracle.
         record = {"source": gguf_path.name, "path": str(gguf_path.resolve()), "size": gguf_path.stat().st_size}
         _write_json(tmp / "minillm_import.json", record)

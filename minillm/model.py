@@ -207,6 +207,7 @@ class Model:
         self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
         self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
+        self.widest_window = cfg.widest_window
         self._lock = threading.Lock()
         self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.dtype)
         self._prefill_ws: PrefillWorkspace | None = None
@@ -261,7 +262,7 @@ class Model:
         them per sliding layer (full layers keep every position). After this, `cache` cannot be
         truncated below its length (the engine never does; the prefix cache copies blocks first)."""
         if len(self.sliding_layers):
-            cache.release_outside_window(self.sliding_layers, int(self.windows.max()), RELEASE_STEP)
+            cache.release_outside_window(self.sliding_layers, self.widest_window, RELEASE_STEP)
 
     def _prefill_workspace(self) -> PrefillWorkspace:
         if self._prefill_ws is None:

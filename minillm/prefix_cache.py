@@ -44,7 +44,7 @@ class PrefixCache:
         # a block copied after its sequence's sliding-window layers gave its positions back
         # (KVCache.released) holds zeros there: usable inside a chain, never as one of the
         # last `window` positions before a load's end
-        self.window = max(cfg.layer_window(i) for i in range(cfg.num_hidden_layers))
+        self.window = cfg.widest_window
         self._whole: dict[int, bool] = {}  # block -> its sliding layers' positions are all there
         per_block = cfg.num_hidden_layers * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim
         self.block_bytes = 2 * 4 * per_block  # keys and values, float32
