@@ -267,3 +267,15 @@ def quantize_q8_0(q, w):
                 whole = np.floor(a)
                 level = whole + np.floor(np.float32(2.0) * (a - whole))  # half away from zero
                 q[n, o + 2 + j] = np.uint8(np.int8(-level if x < 0 else level) & 0xFF)
+
+
+@kernel()
+def split_q8_0(q, s, blocks):
+    """Q8_0 blocks (N, K / 32 * 34 bytes) -> int8 levels q (N, K) and float16 scales s as uint16
+    bits (N, K / 32): the int8 precision's layout, the same weights (q * d, d a float16)."""
+    for n in prange(blocks.shape[0]):
+        for blk in range(s.shape[1]):
+            o = blk * Q8_0_BYTES
+            s[n, blk] = np.uint16(blocks[n, o]) | (np.uint16(blocks[n, o + 1]) << 8)
+            for j in range(QBLOCK):
+                q[n, blk * QBLOCK + j] = np.int8(blocks[n, o + 2 + j])

@@ -86,7 +86,8 @@ class KVPool:
 
 def release_pages(arr: np.ndarray) -> None:
     """Return the whole pages inside a C-contiguous slice of a lazy_zeros array to the OS; they
-    read as zeros afterwards and take memory again only when written."""
+    read as zeros afterwards and take memory again only when written. On a file's copy-on-write
+    map (never written) the pages leave this process's memory and read as the file again."""
     buf = arr
     while not isinstance(buf, mmap.mmap):
         buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import release_pages
 from .errors import ConfigError, GGUFError
 from .gguf_check import GGUFLayout, TensorEntry, check_gguf
 
@@ -138,7 +139,10 @@ class GGUFModel:
         raw = self._raw(t)
         if not as_bytes and t.type in FLOAT_TYPES:
             raw = raw.view(FLOAT_TYPES[t.type])
-        return self._unpermute(hf_name, raw)
+        rows = self._unpermute(hf_name, raw)
+        if rows is not raw:
+            release_pages(raw)  # read once into the copy; not this process's memory twice
+        return rows
 
     def _unpermute(self, hf_name: str, w: np.ndarray) -> np.ndarray:
         """Undo convert_hf_to_gguf's permute() of Llama's Q and K rows (llama.cpp rotates pairs

@@ -152,10 +152,12 @@ class DecodeWorkspace:
         f = np.float32
         H, I, q_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim
         # xn, att and gate as the weights' products read them (kernels.activation_prep):
-        # bfloat16 bits, or int16 with a scale per block of 32; none for float32
-        op_dtype = np.int16 if dtype == "int8" else np.uint16
-        op_rows = rows if dtype in ("bfloat16", "int8") else 0  # float32 and block formats read xn itself
-        scale_rows = rows if dtype == "int8" else 0
+        # bfloat16 bits, or int16 with a scale per block of 32; none for float32. A GGUF file's
+        # Q8_0 matrices run as int8 (checkpoint.runnable_blocks), its other blocks read xn itself.
+        quantized = dtype in ("int8", "q4_0", "gguf")
+        op_dtype = np.int16 if quantized else np.uint16
+        op_rows = rows if quantized or dtype == "bfloat16" else 0
+        scale_rows = rows if quantized else 0
         self.rows = rows
         self._full = K.DecodeBuffers(
             logits=np.zeros((rows, cfg.vocab_size), f),

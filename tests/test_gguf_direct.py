@@ -1,5 +1,6 @@
 """GGUF files run as stored (`--model FILE.gguf`): every block format gives, bit for bit, the
-logits of the same file imported (dequantized) and run at float32; decode, batched decode and
+logits of the same file imported (dequantized) and run at float32 (Q8_0: at int8, the layout it
+runs in); decode, batched decode and
 prefill agree; `--dtype q4_0` quantizes a checkpoint as llama.cpp's Q4_0 does."""
 
 import json
@@ -59,12 +60,17 @@ def gguf_case(request, tmp_path_factory):
 def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     path, imported = gguf_case
     direct = Model.load(path)
-    # an all-BF16 file runs on the bfloat16 kernels: what its import gives at bfloat16
-    exact = Model.load(imported, dtype="bfloat16" if "bf16" in path.parent.name else "float32")
+    # an all-BF16 file runs on the bfloat16 kernels: what its import gives at bfloat16; Q8_0
+    # matrices run as minillm's int8 (the same levels and scales): what the import gives at int8
+    case = path.parent.name
+    exact = Model.load(imported, dtype="bfloat16" if "bf16" in case else "int8" if "q8_0" in case else "float32")
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
     np.testing.assert_array_equal(ours, exact.forward(TOKENS, exact.new_cache(), all_logits=True))
-    assert direct.weights.nbytes < 0.75 * exact.weights.nbytes or "f16" in path.parent.name
+    if exact.dtype == "int8":
+        assert direct.weights.nbytes == exact.weights.nbytes
+    else:
+        assert direct.weights.nbytes < 0.75 * exact.weights.nbytes or "f16" in case
 
 
 def test_stored_formats_decode_and_batch_as_they_prefill(gguf_case):
@@ -113,15 +119,19 @@ def test_a_gguf_converts_to_other_precisions(gguf_case):
                                   exact.forward(TOKENS, exact.new_cache(), all_logits=True))
 
 
-def test_default_model_runs_from_its_gguf_exactly(default_gguf, default_model_dir):
-    """The shipped Q4_1 file run as stored gives the logits of its float32 import, bit for bit,
-    at a third of the memory, and the same greedy text."""
+def test_default_model_runs_from_its_gguf(default_gguf, default_model_dir):
+    """The shipped Q4_1 file run as stored gives the logits of its float32 import at a fifth of
+    the memory, and the same greedy text. Its Q4_1 matrices give the float32 sums exactly; its
+    Q8_0 embedding, tied to the LM head, runs at int8 against int16 activations (measured max
+    difference 0.0017 on logits up to 32)."""
     import minillm
 
     tokens = np.random.default_rng(0).integers(0, 49152, size=24)
     direct, imported = Model.load(default_gguf), Model.load(default_model_dir)
-    np.testing.assert_array_equal(direct.forward(tokens, direct.new_cache(), all_logits=True),
-                                  imported.forward(tokens, imported.new_cache(), all_logits=True))
+    ours = direct.forward(tokens, direct.new_cache(), all_logits=True)
+    exact = imported.forward(tokens, imported.new_cache(), all_logits=True)
+    np.testing.assert_allclose(ours, exact, rtol=0, atol=1e-2)
+    assert np.array_equal(ours.argmax(-1), exact.argmax(-1))
     assert direct.weights.nbytes < imported.weights.nbytes / 5
     prompt = "The capital of France is"
     a = minillm.load(default_gguf).generate(prompt, max_tokens=16, temperature=0)
