@@ -66,6 +66,19 @@ def _prepare_rows(w, xo, xs, x):
         prepare_operand(w, xo, xs, x, b)
 
 
+def _prepared_alike(w1, w2):
+    """Whether activations prepared for w1's rows serve w2's: matrices reading one input (Q | K | V,
+    gate | up) may come at different precisions in a GGUF file (a Q4_K_M file of the default
+    model: Q and K in Q5_0, V in Q8_0, which runs as int8)."""
+    raise NotImplementedError
+
+
+@overload(_prepared_alike, inline="always")
+def _prepared_alike_impl(w1, w2):
+    same = w1.dtype == w2.dtype
+    return lambda w1, w2: same
+
+
 def _linear_rows(out, col, w, s, task, xs, xos, xss):
     """out[b, col + n] = dot(w[n], xs[b]) for the 16 rows n of `task` and every sequence b: the
     block formats' tiles (kernels.blocks, each row dequantized once for all sequences), or the
@@ -355,6 +368,10 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
         # h = x + out_norm(attn(norm(x))), each norm where the architecture has it
         _norm_rows(xn, x, w.attn_norm, l, eps)
         _prepare_rows(wq_l, buf.xn_op, buf.xn_scales, xn)
+        if not _prepared_alike(wq_l, wk_l):
+            _prepare_rows(wk_l, buf.xn_op, buf.xn_scales, xn)
+        if not (_prepared_alike(wq_l, wv_l) or _prepared_alike(wk_l, wv_l)):
+            _prepare_rows(wv_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, tq + 2 * tkv, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
@@ -400,6 +417,8 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
         # x = h + out_norm(mlp(norm(h)))
         _norm_rows(xn, x, w.mlp_norm, l, eps)
         _prepare_rows(wg_l, buf.xn_op, buf.xn_scales, xn)
+        if not _prepared_alike(wg_l, wu_l):
+            _prepare_rows(wu_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, 2 * ti, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)

@@ -32,6 +32,12 @@ def mixture(name):
     return QT.Q4_K
 
 
+def v_at_q8_0(name):
+    """As llama.cpp's Q4_K_M makes the default model (rows of 576 are not whole 256s): V in Q8_0
+    (run as int8) beside Q, K and the rest in Q5_0, so one input meets two precisions."""
+    return QT.Q8_0 if name.endswith("attn_v.weight") else QT.Q5_0
+
+
 CASES = {
     "q4_0": ("llama", SMALL, QT.Q4_0),
     "q4_1": ("llama", SMALL, QT.Q4_1),
@@ -44,6 +50,7 @@ CASES = {
     "q5_k": ("llama", K_SHAPES, QT.Q5_K),
     "q6_k": ("llama", K_SHAPES, QT.Q6_K),
     "mixture": ("llama", dict(K_SHAPES, tie_word_embeddings=False), mixture),
+    "v_at_q8_0": ("llama", SMALL, v_at_q8_0),
 }
 
 
@@ -66,7 +73,12 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     exact = Model.load(imported, dtype="bfloat16" if "bf16" in case else "int8" if "q8_0" in case else "float32")
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
-    np.testing.assert_array_equal(ours, exact.forward(TOKENS, exact.new_cache(), all_logits=True))
+    reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
+    if "v_at_q8_0" in case:  # float32 sums and one int8 matrix: close, not equal
+        np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-3 * np.abs(reference).max())
+        assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
+        return
+    np.testing.assert_array_equal(ours, reference)
     if exact.dtype == "int8":
         assert direct.weights.nbytes == exact.weights.nbytes
     else:
