@@ -269,6 +269,14 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     else:
         as_stored = False
 
+    # The decode kernel takes each kind of matrix (V, down, ..) at one precision across layers, so
+    # Q8_0 runs as int8 only where every layer's matrix of its kind is Q8_0 (llama.cpp's Q4_K_M
+    # gives some layers' V Q8_0 and others Q5_0, for one).
+    kinds: dict[str, set[int]] = {}
+    for name, shape in shapes.items():
+        if len(shape) == 2:
+            kinds.setdefault(_matrix_kind(name), set()).add(model.ggml_type(name))
+
     def vector(name: str) -> np.ndarray:
         arr = model.float32(name)
         if check_finite:
@@ -290,9 +298,16 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
             raise CheckpointError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which minillm cannot run as stored; use --dtype float32")
         if shapes[name][1] % K.BLOCK_FORMATS[ggml_type][0]:
             raise CheckpointError(f"{path}: tensor {name!r} rows of {shapes[name][1]} are not whole blocks of 32; use --dtype float32")
-        return runnable_blocks(w, ggml_type)
+        return runnable_blocks(w, ggml_type, as_int8=kinds[_matrix_kind(name)] == {K.Q8_0})
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector)
+
+
+def _matrix_kind(name: str) -> str:
+    """A tensor's name without its layer: "model.layers.3.self_attn.v_proj.weight" -> "self_attn.v_proj.weight"."""
+    if name.startswith("model.layers."):
+        return name.split(".", 3)[3]
+    return name
 
 
 def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector) -> Weights:
@@ -386,16 +401,16 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
     return w, s
 
 
-def runnable_blocks(w: np.ndarray, ggml_type: int) -> tuple[np.ndarray, np.ndarray]:
-    """GGUF blocks (uint8 rows) as the kernels run them, (w, s). Q8_0 is split into int8 levels
-    and float16 scales, minillm's int8 layout: the same weights, which meet int16 activations in
-    one vpmaddwd per block (1.2B shape decode ~1.9x the Q8_0 blocks read in place). The other
-    formats stay as stored, their `s` naming the ggml type."""
+def runnable_blocks(w: np.ndarray, ggml_type: int, as_int8: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF blocks (uint8 rows) as the kernels run them, (w, s). Q8_0 is split (unless as_int8 is
+    False) into int8 levels and float16 scales, minillm's int8 layout: the same weights, which meet
+    int16 activations in one vpmaddwd per block (1.2B shape decode ~1.9x the Q8_0 blocks read in
+    place). The other formats stay as stored, their `s` naming the ggml type."""
     import kernels as K
 
     from .cache import release_pages
 
-    if ggml_type == K.Q8_0:
+    if ggml_type == K.Q8_0 and as_int8:
         N, blocks = w.shape[0], w.shape[1] // K.Q8_0_BYTES
         q, s = np.empty((N, blocks * K.QBLOCK), np.int8), np.empty((N, blocks), np.uint16)
         for r0, r1 in _row_chunks(N, blocks * K.QBLOCK):

@@ -38,6 +38,12 @@ def v_at_q8_0(name):
     return QT.Q8_0 if name.endswith("attn_v.weight") else QT.Q5_0
 
 
+def v_mixed_layers(name):
+    """V in Q8_0 in one layer and Q5_0 in the other (llama.cpp's Q4_K_M does this): the decode
+    kernel takes each kind of matrix at one precision, so this Q8_0 stays as stored."""
+    return QT.Q8_0 if name == "blk.0.attn_v.weight" else QT.Q5_0
+
+
 CASES = {
     "q4_0": ("llama", SMALL, QT.Q4_0),
     "q4_1": ("llama", SMALL, QT.Q4_1),
@@ -51,6 +57,7 @@ CASES = {
     "q6_k": ("llama", K_SHAPES, QT.Q6_K),
     "mixture": ("llama", dict(K_SHAPES, tie_word_embeddings=False), mixture),
     "v_at_q8_0": ("llama", SMALL, v_at_q8_0),
+    "v_mixed_layers": ("llama", SMALL, v_mixed_layers),
 }
 
 
