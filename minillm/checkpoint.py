@@ -93,6 +93,11 @@ class Weights:
                 total += arr.nbytes
         return total
 
+    @property
+    def matrix_dtypes(self) -> frozenset:
+        """The dtypes the weight matrices come in (what the decode step prepares activations for)."""
+        return frozenset(lin.w.dtype for lin in (self.embed, self.lm_head, *(m for L in self.layers for m in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down))))
+
     def _arrays(self):
         for lin in (self.embed, self.lm_head):
             yield lin.w
@@ -262,20 +267,19 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
 
     model = GGUFModel(path)
     cfg, shapes = model.cfg, expected_shapes(model.cfg)
-    if dtype == GGUF_STORED:
-        types = {model.ggml_type(name) for name, shape in shapes.items() if len(shape) == 2}
-        dtype = {frozenset({GGML_F32}): "float32", frozenset({GGML_BF16}): "bfloat16"}.get(frozenset(types), GGUF_STORED)
-        as_stored = True
-    else:
-        as_stored = False
-
-    # The decode kernel takes each kind of matrix (V, down, ..) at one precision across layers, so
-    # Q8_0 runs as int8 only where every layer's matrix of its kind is Q8_0 (llama.cpp's Q4_K_M
-    # gives some layers' V Q8_0 and others Q5_0, for one).
+    # The ggml types of each kind of matrix (V, down, ..) over the layers. The decode kernel takes
+    # a kind at one precision, so Q8_0 runs as int8 only where every layer's matrix of its kind is
+    # Q8_0 (llama.cpp's Q4_K_M gives some layers' V Q8_0 and others Q5_0, for one).
     kinds: dict[str, set[int]] = {}
     for name, shape in shapes.items():
         if len(shape) == 2:
             kinds.setdefault(_matrix_kind(name), set()).add(model.ggml_type(name))
+    if dtype == GGUF_STORED:
+        types = frozenset().union(*kinds.values())
+        dtype = {frozenset({GGML_F32}): "float32", frozenset({GGML_BF16}): "bfloat16"}.get(types, GGUF_STORED)
+        as_stored = True
+    else:
+        as_stored = False
 
     def vector(name: str) -> np.ndarray:
         arr = model.float32(name)

@@ -148,15 +148,16 @@ class DecodeWorkspace:
     """The buffers of one decode step for up to `rows` sequences, allocated once, handed to
     kernels.decode_batch as a DecodeBuffers of views for each batch size (made once per size)."""
 
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, dtype: str):
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, matrix_dtypes: frozenset):
         f = np.float32
         H, I, q_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim
-        # xn, att and gate as the weights' products read them (kernels.activation_prep):
-        # bfloat16 bits, or int16 with a scale per block of 32; none for float32. A GGUF file's
-        # Q8_0 matrices run as int8 (checkpoint.runnable_blocks), its other blocks read xn itself.
-        quantized = dtype in ("int8", "q4_0", "gguf")
+        # xn, att and gate as the weights' products read them (kernels.activation_prep), by the
+        # matrices' dtypes (Weights.matrix_dtypes): int16 with a scale per block of 32 for int8
+        # matrices (also a GGUF's Q8_0, checkpoint.runnable_blocks), bfloat16 bits for bfloat16;
+        # none for float32 and the other block formats, which read xn itself
+        quantized = np.dtype(np.int8) in matrix_dtypes
         op_dtype = np.int16 if quantized else np.uint16
-        op_rows = rows if quantized or dtype == "bfloat16" else 0
+        op_rows = rows if quantized or np.dtype(np.uint16) in matrix_dtypes else 0
         scale_rows = rows if quantized else 0
         self.rows = rows
         self._full = K.DecodeBuffers(
@@ -211,7 +212,8 @@ class Model:
         self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
         self.widest_window = cfg.widest_window
         self._lock = threading.Lock()
-        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.dtype)
+        self.matrix_dtypes = weights.matrix_dtypes
+        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.matrix_dtypes)
         self._prefill_ws: PrefillWorkspace | None = None
         self._decode_weights = decode_weights(cfg, weights, self.rope_table, self.windows)
 
@@ -290,7 +292,7 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.dtype)
+                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.matrix_dtypes)
             buf = self._decode_ws.buffers(B)
             buf.tokens[:] = tokens
             buf.positions[:] = [c.length for c in caches]
