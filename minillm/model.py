@@ -23,6 +23,7 @@ import numpy as np
 from numba.typed import List
 
 import kernels as K
+from kernels.jit import DirectCall, array_key
 
 from .cache import KVCache
 from .checkpoint import Weights, load_checkpoint
@@ -216,6 +217,7 @@ class Model:
         self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.matrix_dtypes)
         self._prefill_ws: PrefillWorkspace | None = None
         self._decode_weights = decode_weights(cfg, weights, self.rope_table, self.windows)
+        self._decode_call = DirectCall(K.decode_batch)
 
     @classmethod
     def load(
@@ -277,7 +279,7 @@ class Model:
         """One token through the whole model in a single Numba call (a batch of one)."""
         buf = self._decode_ws.buffers(1)
         buf.tokens[0], buf.positions[0], buf.slots[0] = token, cache.length, 0
-        K.decode_batch(buf, self._decode_weights, cache.k[None], cache.v[None], self.cos, self.sin, self.config.rms_norm_eps)
+        self._decode_step(buf, cache.k[None], cache.v[None])
         cache.length += 1
         return buf.logits[0]
 
@@ -297,10 +299,15 @@ class Model:
             buf.tokens[:] = tokens
             buf.positions[:] = [c.length for c in caches]
             buf.slots[:] = slots
-            K.decode_batch(buf, self._decode_weights, pool.k, pool.v, self.cos, self.sin, self.config.rms_norm_eps)
+            self._decode_step(buf, pool.k, pool.v)
         for c in caches:
             c.length += 1
         return buf.logits
+
+    def _decode_step(self, buf: "K.DecodeBuffers", k: np.ndarray, v: np.ndarray) -> None:
+        """K.decode_batch on this model's weights; its argument types are fixed but for the caches'."""
+        key = (array_key(k), array_key(v))
+        self._decode_call(key, buf, self._decode_weights, k, v, self.cos, self.sin, self.config.rms_norm_eps)
 
     def _prefill(self, tokens, cache: KVCache, ws: PrefillWorkspace, all_logits: bool, want_logits: bool = True, capture=None):
         """Many tokens, one kernel call per operation, on a workspace of `ws.rows` tokens."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels import top_k
+
 from .errors import GenerationError
 
 # top-p looks at this many best tokens first; only if they hold less than top_p of the mass
@@ -112,8 +114,10 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
 
     if 0 < params.top_k < len(logits):
         # chosen on the float32 logits (the same set as on the scaled ones: dividing by a
-        # positive temperature keeps the order), so only k values are widened: ~4x faster
-        candidates = np.argpartition(-logits, params.top_k - 1)[: params.top_k]
+        # positive temperature keeps the order), so only k values are widened; best first, ties
+        # in index order (kernels.select)
+        candidates, best = np.empty(params.top_k, np.int64), np.empty(params.top_k, np.float32)
+        top_k(candidates, best, np.ascontiguousarray(logits, dtype=np.float32))
     else:
         candidates = np.arange(len(logits))
     probs = _softmax(logits[candidates].astype(np.float64) / params.temperature)

@@ -1,5 +1,7 @@
 """Each Numba kernel against a plain NumPy reference, on odd shapes (not multiples of 8 or 16)."""
 
+import typing
+
 import numba
 import numpy as np
 import pytest
@@ -309,3 +311,42 @@ def test_mask_logits_clears_every_token_whose_bit_is_off():
     expected = np.where(allowed, logits, -np.inf).astype(np.float32)
     K.mask_logits(logits, words.view(np.int32))
     np.testing.assert_array_equal(logits, expected)
+
+
+@pytest.mark.parametrize("k", [1, 7, 40, 1000])
+def test_top_k_is_the_k_largest_best_first_ties_in_index_order(k):
+    rng = np.random.default_rng(11)
+    logits = np.round(rng.standard_normal(1000) * 4).astype(np.float32)  # many ties
+    logits[[3, 500]] = -np.inf
+    logits[::97] = np.float32(9.0)
+    expected = np.lexsort((np.arange(1000), -logits))[:k]  # by logit descending, then index
+    out, values = np.empty(k, np.int64), np.empty(k, np.float32)
+    K.top_k(out, values, logits)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(values, logits[expected])
+    ascending = np.arange(300, dtype=np.float32)  # every logit displaces one kept before
+    out = np.empty(min(k, 300), np.int64)
+    K.top_k(out, np.empty(len(out), np.float32), ascending)
+    np.testing.assert_array_equal(out, np.arange(299, 299 - len(out), -1))
+
+
+class _Pair(typing.NamedTuple):
+    a: np.ndarray
+    b: np.ndarray
+
+
+@numba.njit(cache=False)
+def _pair_sum(p, scale):
+    return (p.a.sum() + p.b.sum()) * scale
+
+
+def test_direct_call_keeps_one_entry_per_key_and_gives_the_dispatchers_results():
+    from kernels.jit import DirectCall, array_key
+
+    call = DirectCall(_pair_sum)
+    floats = _Pair(np.ones(3), np.arange(4.0))
+    ints = _Pair(np.ones(3, np.int64), np.arange(4))
+    for pair in (floats, ints, floats._replace(b=np.arange(5.0)), ints):
+        key = (array_key(pair.a), array_key(pair.b))
+        assert call(key, pair, 2.0) == _pair_sum(pair, 2.0)
+    assert len(call._entries) == 2  # float64 arrays and int64 arrays; a new length is not a new type
