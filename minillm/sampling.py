@@ -116,11 +116,11 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         # chosen on the float32 logits (the same set as on the scaled ones: dividing by a
         # positive temperature keeps the order), so only k values are widened; best first, ties
         # in index order (kernels.select)
-        candidates, best = np.empty(params.top_k, np.int64), np.empty(params.top_k, np.float32)
-        top_k(candidates, best, np.ascontiguousarray(logits, dtype=np.float32))
+        candidates, kept = np.empty(params.top_k, np.int64), np.empty(params.top_k, np.float32)
+        top_k(candidates, kept, np.ascontiguousarray(logits, dtype=np.float32))
     else:
-        candidates = np.arange(len(logits))
-    probs = _softmax(logits[candidates].astype(np.float64) / params.temperature)
+        candidates, kept = np.arange(len(logits)), logits
+    probs = _softmax(kept.astype(np.float64) / params.temperature)
 
     if params.top_p < 1.0:
         candidates, probs = _top_p(candidates, probs, params.top_p)
