@@ -12,13 +12,12 @@ bit-identical per sequence, so a greedy or seeded request gives the same tokens 
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
@@ -28,6 +27,9 @@ from .model import Model
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
 from .structured import Constraint
+
+if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles use it
+    import asyncio
 
 
 class QueueFullError(GenerationError):
@@ -77,6 +79,8 @@ class RequestHandle:
             self._queue = queue.SimpleQueue()
             self._put = self._queue.put
         else:
+            import asyncio
+
             self._queue = asyncio.Queue()
             self._put = lambda item: self._put_async(loop, item)
         self._cancelled = threading.Event()

@@ -26,6 +26,11 @@ DEFAULT_ALIGNMENT = 32
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 
+# Top-level metadata arrays this long (the tokenizer's vocabulary, merges and token types) are
+# checked where they lie and read only when asked for (LazyArray): as Python objects they are
+# ~10 MB that running the weights never needs.
+LAZY_ARRAY_MIN = 1024
+
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -65,6 +70,11 @@ class _Cursor:
         self.pos += n
         return chunk
 
+    def skip(self, n: int, what: str) -> None:
+        if n < 0 or n > self.left():
+            raise GGUFError(f"{self.path}: {what} needs {n} bytes at offset {self.pos}, only {self.left()} left")
+        self.pos += n
+
     def scalar(self, fmt: str, what: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
@@ -92,12 +102,47 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0):
             raise GGUFError(f"{cur.path}: {what} has unknown element type {etype}")
         if count * smallest > cur.left():
             raise GGUFError(f"{cur.path}: {what} claims {count} elements, more than the file holds")
+        if depth == 0 and count >= LAZY_ARRAY_MIN and etype in (STRING, *SCALARS):
+            return LazyArray.skipped(cur, etype, count, what)
         if etype in SCALARS:  # read numeric arrays in one go
             raw = cur.take(count * smallest, what)
             return list(struct.unpack(f"<{count}{SCALARS[etype][1]}", raw))
         return [_value(cur, etype, what, depth + 1) for _ in range(count)]
     raise GGUFError(f"{cur.path}: {what} has unknown value type {vtype}")
 
+
+class LazyArray:
+    """A long metadata array of strings or numbers, its bounds checked; `read()` returns its values
+    (UTF-8 is checked then, with the same errors an eager read gives)."""
+
+    def __init__(self, path: Path, offset: int, nbytes: int, etype: int, count: int, what: str):
+        self.path, self.offset, self.nbytes = path, offset, nbytes
+        self.etype, self.count, self.what = etype, count, what
+
+    @classmethod
+    def skipped(cls, cur: _Cursor, etype: int, count: int, what: str) -> "LazyArray":
+        """The array at the cursor, which moves past it (string lengths checked one by one)."""
+        start = cur.pos
+        if etype in SCALARS:
+            cur.skip(count * struct.calcsize(SCALARS[etype]), what)
+        else:
+            length = struct.Struct("<Q")
+            for _ in range(count):
+                if cur.left() < 8:
+                    cur.take(8, f"{what} length")  # raises, naming the offset
+                (n,) = length.unpack_from(cur.data, cur.pos)
+                cur.pos += 8
+                cur.skip(n, what)
+        return cls(cur.path, start, cur.pos - start, etype, count, what)
+
+    def read(self) -> list:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            cur = _Cursor(f.read(self.nbytes), self.path)
+        if self.etype in SCALARS:
+            fmt = SCALARS[self.etype]
+            return list(struct.unpack(f"<{self.count}{fmt[1]}", cur.take(self.count * struct.calcsize(fmt), self.what)))
+        return [cur.string(self.what) for _ in range(self.count)]
 
 def check_gguf(path: str | Path) -> GGUFLayout:
     """Parse and validate a GGUF file's header, metadata and tensor table; raise GGUFError if unsafe."""

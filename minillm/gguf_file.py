@@ -21,7 +21,7 @@ import numpy as np
 
 from .cache import release_pages
 from .errors import ConfigError, GGUFError
-from .gguf_check import GGUFLayout, TensorEntry, check_gguf
+from .gguf_check import GGUFLayout, LazyArray, TensorEntry, check_gguf
 
 # GGUF `general.architecture` -> HF architecture
 ARCHITECTURES = {
@@ -47,7 +47,8 @@ class Metadata:
         self.values, self.path = values, path
 
     def get(self, key: str, default=None):
-        return self.values.get(key, default)
+        value = self.values.get(key, default)
+        return value.read() if isinstance(value, LazyArray) else value
 
     def require(self, key: str, kind):
         value = self.get(key)

@@ -23,7 +23,7 @@ import numpy as np
 from numba.typed import List
 
 import kernels as K
-from kernels.jit import DirectCall, array_key
+from kernels.jit import DirectCall, array_key, typed_list
 
 from .cache import KVCache
 from .checkpoint import Weights, load_checkpoint
@@ -401,10 +401,7 @@ def decode_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
     f = np.float32
 
     def per_layer(get) -> List:
-        lst = List()
-        for layer in layers:
-            lst.append(get(layer))
-        return lst
+        return typed_list(get(layer) for layer in layers)
 
     def stacked_bias(*names) -> np.ndarray:
         """(L, sum of widths); (L, 0) when these projections have no bias."""

@@ -1,5 +1,7 @@
 """Each Numba kernel against a plain NumPy reference, on odd shapes (not multiples of 8 or 16)."""
 
+import subprocess
+import sys
 import typing
 
 import numba
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 import kernels as K
+from conftest import ROOT
 from kernels.expf import divide, exp_f32
 
 RNG = np.random.default_rng(0)
@@ -338,6 +341,39 @@ class _Pair(typing.NamedTuple):
 @numba.njit(cache=False)
 def _pair_sum(p, scale):
     return (p.a.sum() + p.b.sum()) * scale
+
+
+def test_typed_list_holds_the_arrays_themselves():
+    from numba.typed import List
+
+    from kernels.jit import typed_list
+
+    arrays = [np.arange(6, dtype=np.uint8).reshape(2, 3), np.zeros((4, 3), np.uint8)]
+    built = typed_list(arrays)
+    assert isinstance(built, List) and len(built) == 2
+    built[1][0, 0] = 9  # views of the same memory (memory-mapped weights are used in place)
+    assert arrays[1][0, 0] == 9 and np.array_equal(built[0], arrays[0])
+
+
+def test_numba_registries_load_without_scipy_and_cffi():
+    """cli.py loads Numba's registries with SciPy's BLAS and cffi hidden (~20 MB): the kernels
+    run, and both stay importable afterwards. In a fresh process: this one has them loaded."""
+    code = (
+        "import sys, numpy as np\n"
+        "from kernels.jit import load_numba_registries\n"
+        "load_numba_registries()\n"
+        "assert 'scipy.linalg' not in sys.modules and 'cffi' not in sys.modules\n"
+        "import kernels as K\n"
+        "x = np.ones((2, 64), np.float32)\n"
+        "K.rmsnorm(x, x, np.ones(64, np.float32), 1e-5)\n"
+        "assert abs(float(x[0, 0]) - 1.0) < 1e-4\n"
+        "import importlib.util\n"
+        "if importlib.util.find_spec('scipy') is not None:\n"
+        "    import scipy.linalg\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_direct_call_keeps_one_entry_per_key_and_gives_the_dispatchers_results():

@@ -251,6 +251,10 @@ GGUF_CASES = {
     "duplicate tensor": (gguf_bytes(kvs=[ARCH], tensors=[("a", (8,), F32, 0), ("a", (8,), F32, 32)], data=b"\0" * 64), "duplicate tensor"),
     "partial quant block": (gguf_bytes(kvs=[ARCH], tensors=[("t", (33,), 8, 0)], data=b"\0" * 64), "whole blocks"),
     "bad alignment": (gguf_bytes(kvs=[("general.alignment", 4, struct.pack("<I", 3))]), "power of two"),
+    # long arrays are checked in place and read later (gguf_check.LazyArray): still bounded here
+    "long string array cut short": (gguf_bytes(kvs=[("k", 9, struct.pack("<IQ", 8, 2000) + gguf_string("ab") * 1900)]), "length needs 8 bytes"),
+    "long string array, huge string": (gguf_bytes(kvs=[("k", 9, struct.pack("<IQ", 8, 2000) + gguf_string("ab") * 5 + struct.pack("<Q", 2**62) + b"\0" * 16000)]), "only"),
+    "long int array cut short": (gguf_bytes(kvs=[("k", 9, struct.pack("<IQ", 5, 2000) + b"\0" * 7000)]), "more than the file holds"),
 }
 
 
@@ -261,6 +265,36 @@ def test_malformed_gguf(tmp_path, case):
     path.write_bytes(content)
     with pytest.raises(GGUFError, match=message):
         check_gguf(path)
+
+
+def test_long_metadata_arrays_read_when_asked(tmp_path):
+    """The tokenizer's long arrays are kept as checked offsets (not ~10 MB of Python objects) and
+    read on demand: the same values, and invalid UTF-8 still a GGUFError naming the key."""
+    from minillm.gguf_check import LAZY_ARRAY_MIN, LazyArray
+    from minillm.gguf_file import Metadata
+
+    words = [f"tok{i}\u00e9" for i in range(LAZY_ARRAY_MIN + 5)]
+    types = list(range(LAZY_ARRAY_MIN + 5))
+    short = ["a", "b"]
+    kvs = [
+        ("tokens", 9, struct.pack("<IQ", 8, len(words)) + b"".join(gguf_string(w) for w in words)),
+        ("types", 9, struct.pack("<IQ", 5, len(types)) + struct.pack(f"<{len(types)}i", *types)),
+        ("short", 9, struct.pack("<IQ", 8, 2) + b"".join(gguf_string(w) for w in short)),
+        ("after", 4, struct.pack("<I", 7)),
+    ]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes(kvs=kvs))
+    values = check_gguf(path).metadata
+    assert isinstance(values["tokens"], LazyArray) and isinstance(values["types"], LazyArray)
+    assert values["short"] == short and values["after"] == 7  # short arrays and what follows: read at once
+    meta = Metadata(values, path)
+    assert meta.get("tokens") == words and meta.get("types") == types
+
+    bad = [b"ok"] * LAZY_ARRAY_MIN + [b"\xff\xfe"]
+    path.write_bytes(gguf_bytes(kvs=[("tokens", 9, struct.pack("<IQ", 8, len(bad)) + b"".join(gguf_string(w) for w in bad))]))
+    meta = Metadata(check_gguf(path).metadata, path)
+    with pytest.raises(GGUFError, match="'tokens' is not valid UTF-8"):
+        meta.get("tokens")
 
 
 def test_gguf_other_architecture_rejected(tmp_path):
