@@ -63,8 +63,8 @@ def typed_list(arrays) -> List:
     """A numba.typed.List of arrays of one type, built by cached compiled code.
 
     List() and .append called from Python compile Numba's list helpers in every new process:
-    ~0.3 s and ~6 MB of compiler memory per element type, which were most of a GGUF model's
-    start-up and ~15 MB of its peak memory (issue 19's bar 5). Compiled here once per machine."""
+    ~0.3 s of start-up and ~7 MB of a GGUF run's peak memory (issue 19's bar 5). Compiled here
+    once per machine."""
     arrays = list(arrays)
     items = _list_of(arrays[0])
     for a in arrays[1:]:
@@ -80,10 +80,10 @@ NUMBA_EXTRAS_UNUSED = ("scipy.linalg", "cffi")
 def load_numba_registries(without: tuple[str, ...] = NUMBA_EXTRAS_UNUSED) -> None:
     """Load Numba's typing and lowering registries now, with the modules `without` hidden.
 
-    For a process that owns its imports (cli.py): SciPy alone is ~20 MB of peak memory and
-    ~0.2 s, and Numba then keeps np.linalg unavailable to jitted code, which minillm never
-    calls. The modules stay importable afterwards; a module already imported is not hidden;
-    nothing happens once the registries are loaded."""
+    For a process that owns its imports (cli.py): SciPy's part is ~20 MB of peak memory and
+    ~0.2 s. The price: jitted code in this process cannot use np.dot or np.linalg, which
+    minillm's kernels never call. The modules stay importable afterwards; a module already
+    imported is not hidden; nothing happens once the registries are loaded."""
     import sys
 
     from numba.core.registry import cpu_target

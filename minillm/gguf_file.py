@@ -50,9 +50,15 @@ class Metadata:
         value = self.values.get(key, default)
         return value.read() if isinstance(value, LazyArray) else value
 
+    def count(self, key: str) -> int:
+        """The length of an array value (0 when absent), without reading a long one."""
+        value = self.values.get(key)
+        if isinstance(value, LazyArray):
+            return value.count
+        return len(value) if isinstance(value, list) else 0
+
     def require(self, key: str, kind):
-        value = self.get(key)
-        if value is None:
+        if self.values.get(key) is None:  # without reading a long array (typed reads it once)
             raise GGUFError(f"{self.path}: missing metadata {key!r}")
         return self.typed(key, kind)
 
@@ -212,11 +218,10 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
         head_dim = meta.typed(p + "rope.dimension_count", int) if arch == "llama" else None
     head_dim = head_dim or hidden // max(heads, 1)
     layers = meta.require(p + "block_count", int)
-    tokens = meta.get("tokenizer.ggml.tokens") or []
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
-        "vocab_size": meta.typed(p + "vocab_size", int) or len(tokens),
+        "vocab_size": meta.typed(p + "vocab_size", int) or meta.count("tokenizer.ggml.tokens"),
         "hidden_size": hidden,
         "intermediate_size": meta.require(p + "feed_forward_length", int),
         "num_hidden_layers": layers,

@@ -289,6 +289,7 @@ def test_long_metadata_arrays_read_when_asked(tmp_path):
     assert values["short"] == short and values["after"] == 7  # short arrays and what follows: read at once
     meta = Metadata(values, path)
     assert meta.get("tokens") == words and meta.get("types") == types
+    assert (meta.count("tokens"), meta.count("short"), meta.count("absent")) == (len(words), 2, 0)
 
     bad = [b"ok"] * LAZY_ARRAY_MIN + [b"\xff\xfe"]
     path.write_bytes(gguf_bytes(kvs=[("tokens", 9, struct.pack("<IQ", 8, len(bad)) + b"".join(gguf_string(w) for w in bad))]))
