@@ -63,17 +63,15 @@ class _Cursor:
     def left(self) -> int:
         return len(self.data) - self.pos
 
-    def take(self, n: int, what: str) -> bytes:
-        if n < 0 or n > self.left():
-            raise GGUFError(f"{self.path}: {what} needs {n} bytes at offset {self.pos}, only {self.left()} left")
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
     def skip(self, n: int, what: str) -> None:
         if n < 0 or n > self.left():
             raise GGUFError(f"{self.path}: {what} needs {n} bytes at offset {self.pos}, only {self.left()} left")
         self.pos += n
+
+    def take(self, n: int, what: str) -> bytes:
+        start = self.pos
+        self.skip(n, what)
+        return self.data[start : self.pos]
 
     def scalar(self, fmt: str, what: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
@@ -104,11 +102,16 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0):
             raise GGUFError(f"{cur.path}: {what} claims {count} elements, more than the file holds")
         if depth == 0 and count >= LAZY_ARRAY_MIN and etype in (STRING, *SCALARS):
             return LazyArray.skipped(cur, etype, count, what)
-        if etype in SCALARS:  # read numeric arrays in one go
-            raw = cur.take(count * smallest, what)
-            return list(struct.unpack(f"<{count}{SCALARS[etype][1]}", raw))
-        return [_value(cur, etype, what, depth + 1) for _ in range(count)]
+        return _items(cur, etype, count, what, depth + 1)
     raise GGUFError(f"{cur.path}: {what} has unknown value type {vtype}")
+
+
+def _items(cur: _Cursor, etype: int, count: int, what: str, depth: int) -> list:
+    """An array's `count` elements of type `etype` at the cursor (nested `depth` deep)."""
+    if etype in SCALARS:  # read numeric arrays in one go
+        raw = cur.take(count * struct.calcsize(SCALARS[etype]), what)
+        return list(struct.unpack(f"<{count}{SCALARS[etype][1]}", raw))
+    return [_value(cur, etype, what, depth) for _ in range(count)]
 
 
 class LazyArray:
@@ -126,23 +129,16 @@ class LazyArray:
         if etype in SCALARS:
             cur.skip(count * struct.calcsize(SCALARS[etype]), what)
         else:
-            length = struct.Struct("<Q")
             for _ in range(count):
-                if cur.left() < 8:
-                    cur.take(8, f"{what} length")  # raises, naming the offset
-                (n,) = length.unpack_from(cur.data, cur.pos)
-                cur.pos += 8
-                cur.skip(n, what)
+                cur.skip(cur.scalar("<Q", f"{what} length"), what)
         return cls(cur.path, start, cur.pos - start, etype, count, what)
 
     def read(self) -> list:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             cur = _Cursor(f.read(self.nbytes), self.path)
-        if self.etype in SCALARS:
-            fmt = SCALARS[self.etype]
-            return list(struct.unpack(f"<{self.count}{fmt[1]}", cur.take(self.count * struct.calcsize(fmt), self.what)))
-        return [cur.string(self.what) for _ in range(self.count)]
+        return _items(cur, self.etype, self.count, self.what, depth=1)
+
 
 def check_gguf(path: str | Path) -> GGUFLayout:
     """Parse and validate a GGUF file's header, metadata and tensor table; raise GGUFError if unsafe."""
