@@ -158,8 +158,9 @@ def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, a
     float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
     lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
-    two sides differ (int8 rows, int16 tokens). With prefetch_bytes, each step asks for the rows'
-    data that far ahead (rows streamed from memory: decode's batch tiles)."""
+    two sides differ (int8 rows, int16 tokens). With prefetch_bytes (an int or an i64 value),
+    each step asks for the rows' data that far ahead (rows streamed from memory: decode's batch
+    tiles)."""
     col_load = col_load or load
 
     R = len(rows)  # 4 x 4, or 2 rows x 8 columns: 16 accumulators either way, lane R j + c
@@ -168,7 +169,8 @@ def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, a
         if prefetch_bytes:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)
             for p in rows:
                 width = 4 if p.type.pointee == F32 else 2
-                byte = builder.add(builder.mul(i, I64(width)), I64(prefetch_bytes))
+                ahead = prefetch_bytes if isinstance(prefetch_bytes, ir.Value) else I64(prefetch_bytes)
+                byte = builder.add(builder.mul(i, I64(width)), ahead)
                 prefetch(builder, builder.gep(builder.bitcast(p, ir.IntType(8).as_pointer()), [byte], source_etype=ir.IntType(8)))
         rv = [load(builder, p, i) for p in rows]
         out = []

@@ -181,6 +181,9 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
     return sig, codegen
 
 
+TILES_AHEAD = 2
+
+
 def _dense_tile(R, G, bf16, prefetch=False):
     """An intrinsic for rows n..n+R-1 of float32 (or bfloat16 bits, against bfloat16 tokens) and
     tokens t..t+G-1 (R G = 16), over the full chunks: 16 sums, each equal to weight_dot_chunks
@@ -198,7 +201,9 @@ def _dense_tile(R, G, bf16, prefetch=False):
             elem = I16 if bf16 else F32
             rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(R)]
             toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(G)]
-            ahead = PREFETCH_BYTES if prefetch else 0
+            # the same place in the rows TILES_AHEAD tiles below, where this stream of tiles reads
+            # next: PREFETCH_BYTES ahead lands inside the tile's own rows when they are short
+            ahead = builder.mul(wK, I64(R * TILES_AHEAD * (2 if bf16 else 4))) if prefetch else 0
             if bf16:
                 result = tile_4x4(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
                                   prefetch_bytes=ahead)
