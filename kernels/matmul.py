@@ -113,7 +113,7 @@ def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
 def streamed_tile(R, w, s, n, xo, t):
     """Rows n.. of float32 or bfloat16 weights against tokens t.. of xo (as prepared_tile_4x4):
     R = 2 rows x 8 tokens or 4 x 4, 16 sums token-major, each equal to the decode's dot product;
-    the rows prefetched a page ahead, as decode's batches read them from memory."""
+    the rows below prefetched (weight_products.TILES_AHEAD), as decode's batches read them from memory."""
     raise NotImplementedError
 
 

@@ -188,7 +188,7 @@ def _dense_tile(R, G, bf16, prefetch=False):
     """An intrinsic for rows n..n+R-1 of float32 (or bfloat16 bits, against bfloat16 tokens) and
     tokens t..t+G-1 (R G = 16), over the full chunks: 16 sums, each equal to weight_dot_chunks
     of the pair (the same steps and tree), token-major: (t, n), (t, n+1), .., (t+G-1, n+R-1).
-    prefetch: ask for the rows PREFETCH_BYTES ahead (rows that stream from memory: decode)."""
+    prefetch: ask for the rows TILES_AHEAD tiles below (rows that stream from memory: decode)."""
 
     def typer(typingctx, w, n, x, t):
         sig = types.UniTuple(types.float32, 16)(w, n, x, t)
