@@ -151,27 +151,24 @@ def fma_acc(builder, acc, a, b):
     return fma_vec(builder, a, b, acc)
 
 
-def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_bytes=0):
+def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None):
     """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
     its own accumulator (8 loads feed 16 multiply-adds; 10 with 2 rows and 8 columns), reduced
     together: a vector, lane R j + c for R rows.
     float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
     lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
-    two sides differ (int8 rows, int16 tokens). With prefetch_bytes (an int or an i64 value),
-    each step asks for the rows' data that far ahead (rows streamed from memory: decode's batch
-    tiles)."""
+    two sides differ (int8 rows, int16 tokens). With prefetch_ahead (an i64 count of row
+    elements), each step asks for the rows' data that far ahead (rows streamed from memory:
+    decode's batch tiles)."""
     col_load = col_load or load
 
     R = len(rows)  # 4 x 4, or 2 rows x 8 columns: 16 accumulators either way, lane R j + c
 
     def body(i, accs):
-        if prefetch_bytes:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)
+        if prefetch_ahead is not None:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)
             for p in rows:
-                width = 4 if p.type.pointee == F32 else 2
-                ahead = prefetch_bytes if isinstance(prefetch_bytes, ir.Value) else I64(prefetch_bytes)
-                byte = builder.add(builder.mul(i, I64(width)), ahead)
-                prefetch(builder, builder.gep(builder.bitcast(p, ir.IntType(8).as_pointer()), [byte], source_etype=ir.IntType(8)))
+                prefetch(builder, builder.gep(p, [builder.add(i, prefetch_ahead)], source_etype=p.type.pointee))
         rv = [load(builder, p, i) for p in rows]
         out = []
         for j, cp in enumerate(cols):

@@ -203,12 +203,12 @@ def _dense_tile(R, G, bf16, prefetch=False):
             toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(G)]
             # the same place in the rows TILES_AHEAD tiles below, where this stream of tiles reads
             # next: PREFETCH_BYTES ahead lands inside the tile's own rows when they are short
-            ahead = builder.mul(wK, I64(R * TILES_AHEAD * (2 if bf16 else 4))) if prefetch else 0
+            ahead = builder.mul(wK, I64(R * TILES_AHEAD)) if prefetch else None
             if bf16:
                 result = tile_4x4(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
-                                  prefetch_bytes=ahead)
+                                  prefetch_ahead=ahead)
             else:
-                result = tile_4x4(builder, rows, toks, K, prefetch_bytes=ahead)
+                result = tile_4x4(builder, rows, toks, K, prefetch_ahead=ahead)
             sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
             return context.make_tuple(builder, signature.return_type, sums)
 
