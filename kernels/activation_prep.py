@@ -7,28 +7,24 @@ picks, at compile time, by the weights' dtype).
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .ir_blocks import (
-    BF16_CHUNK, F32, I16, I64, LANES, QBLOCK, VEC, as_i64, bits_as_f32, data_ptr, load_f32, loop, round_bf16_chunk, splat,
+    BF16_CHUNK, F32, I16, I64, LANES, QBLOCK, as_i64, bits_as_f32, data_ptr, loop, quantized_block, round_bf16_chunk,
 )
 from .jit import EXACT_MATH, kernel
 from .quant import bf16_bits
 
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
-F32_MAX = 3.4028234663852886e38
 
 
 @intrinsic
 def quantize_blocks(typingctx, xq, xs, x, b):
     """Row b of float32 x quantized to int16 per block of QBLOCK, over its full blocks (int8 weights
     meet these in int8_block_term): xs[b, j] = the block's largest magnitude / 32767, xq[b, k] =
-    x[b, k] * (32767 / that magnitude), rounded to nearest even. A product's error is then at most
-    about 1/65534 of the block's largest value. A block holding NaN or Inf gets a NaN scale, so
-    every output it feeds is NaN, as in float arithmetic; a block whose largest magnitude is below
-    ~1e-34 (32767 / it overflows) counts as zeros."""
+    x[b, k] * (32767 / that magnitude), rounded to nearest even (ir_blocks.quantized_block). A
+    product's error is then at most about 1/65534 of the block's largest value."""
     sig = types.void(xq, xs, x, b)
 
     def codegen(context, builder, signature, args):
@@ -40,33 +36,14 @@ def quantize_blocks(typingctx, xq, xs, x, b):
         pq = data_ptr(context, builder, qty, args[0], builder.mul(row, K), I16)
         sarr = context.make_array(sty)(context, builder, args[1])
         ps = builder.gep(sarr.data, [builder.mul(row, builder.extract_value(sarr.shape, 1))], source_etype=F32)
-        module = builder.module
-        fabs = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.fabs.v16f32")
-        vmax = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
-        vmin = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.minnum.v16f32")
-        rint = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.rint.v16f32")
-        any_set = cgutils.get_or_insert_function(module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), LANES)]), "llvm.vector.reduce.or.v16i1")
-        hmax = cgutils.get_or_insert_function(module, ir.FunctionType(F32, [VEC]), "llvm.vector.reduce.fmax.v16f32")
-        top = ir.Constant(VEC, [F32_MAX] * LANES)
+        levels = ir.VectorType(I16, LANES)
 
         def block(i, _):
-            halves = [load_f32(builder, px, builder.add(i, I64(h * LANES))) for h in range(2)]
-            mags = [builder.call(fabs, [v]) for v in halves]
-            # NaN or Inf anywhere: |v| > F32_MAX or unordered
-            bad = builder.call(any_set, [builder.or_(*[builder.fcmp_unordered(">", m, top) for m in mags])])
-            amax = builder.call(hmax, [builder.call(vmax, mags)])
-            inv = builder.fdiv(F32(ACT_MAX), amax)
-            zero = builder.or_(bad, builder.not_(builder.fcmp_ordered("<=", inv, F32(F32_MAX))))  # also amax == 0
-            inv = builder.select(zero, F32(0.0), inv)
-            scale = builder.select(bad, F32(float("nan")), builder.select(zero, F32(0.0), builder.fdiv(amax, F32(ACT_MAX))))
+            scale, halves = quantized_block(builder, px, i, ACT_MAX)
             builder.store(scale, builder.gep(ps, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32))
-            inv_v = splat(builder, inv)
-            levels = ir.Constant(VEC, [ACT_MAX] * LANES)
-            for h, v in enumerate(halves):
-                q = builder.call(rint, [builder.fmul(v, inv_v)])
-                q = builder.call(vmin, [builder.call(vmax, [q, builder.fneg(levels)]), levels])
+            for h, q in enumerate(halves):
                 dst = builder.gep(pq, [builder.add(i, I64(h * LANES))], source_etype=I16)
-                builder.store(builder.fptosi(q, ir.VectorType(I16, LANES)), builder.bitcast(dst, ir.VectorType(I16, LANES).as_pointer()), align=2)
+                builder.store(builder.fptosi(q, levels), builder.bitcast(dst, levels.as_pointer()), align=2)
             return []
 
         loop(builder, I64(0), builder.and_(K, I64(-QBLOCK)), QBLOCK, [], block)

@@ -27,6 +27,7 @@ from .attention import attend, first_key
 from .blocks import block_product
 from .jit import EXACT_MATH, kernel
 from .matmul import store2, store4, streamed_tile
+from .row_groups import grouped_rows, is_grouped, quantize_split
 from .quant import block_format, chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
@@ -59,14 +60,30 @@ def _long_row(w):
     return lambda w: threshold
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def _prepare_rows(w, xo, xs, x):
-    """Each sequence's activations prepared once for w's rows (kernels.quant.prepare_operand)."""
-    for b in range(x.shape[0]):
-        prepare_operand(w, xo, xs, x, b)
+def _prepare_rows(w, s, xo, xs, x):
+    """Each sequence's activations prepared once for w's rows (kernels.quant.prepare_operand; for
+    grouped blocks, kernels.row_groups.quantize_split)."""
+    raise NotImplementedError
 
 
-def _prepared_alike(w1, w2):
+@overload(_prepare_rows, jit_options={"fastmath": EXACT_MATH}, inline="always")
+def _prepare_rows_by_format(w, s, xo, xs, x):
+    if w.dtype == types.uint8:
+        def blocks(w, s, xo, xs, x):
+            if is_grouped(block_format(s)):
+                for b in range(x.shape[0]):
+                    quantize_split(xo, xs, x, b)
+
+        return blocks
+
+    def rows(w, s, xo, xs, x):
+        for b in range(x.shape[0]):
+            prepare_operand(w, xo, xs, x, b)
+
+    return rows
+
+
+def _prepared_alike(w1, s1, w2, s2):
     """Whether activations prepared for w1's rows serve w2's: matrices reading one input (Q | K | V,
     gate | up) may come at different precisions in a GGUF file (a Q4_K_M file of the default
     model: Q and K in Q5_0, V in Q8_0, which runs as int8)."""
@@ -74,9 +91,11 @@ def _prepared_alike(w1, w2):
 
 
 @overload(_prepared_alike, inline="always")
-def _prepared_alike_impl(w1, w2):
+def _prepared_alike_impl(w1, s1, w2, s2):
+    if w1.dtype == types.uint8 and w2.dtype == types.uint8:  # grouped blocks read prepared ones, the others x
+        return lambda w1, s1, w2, s2: is_grouped(block_format(s1)) == is_grouped(block_format(s2))
     same = w1.dtype == w2.dtype
-    return lambda w1, w2: same
+    return lambda w1, s1, w2, s2: same
 
 
 def _linear_rows(out, col, w, s, task, xs, xos, xss):
@@ -90,8 +109,12 @@ def _linear_rows(out, col, w, s, task, xs, xos, xss):
 def _linear_rows_by_format(out, col, w, s, task, xs, xos, xss):
     if w.dtype == types.uint8:
         def blocks(out, col, w, s, task, xs, xos, xss):
+            fmt = block_format(s)
+            if is_grouped(fmt):  # a task is one group of 16 rows (ROWS_PER_TASK)
+                grouped_rows(fmt, out, col, w, task, xos, xss)
+                return
             n0 = task * ROWS_PER_TASK
-            block_product(block_format(s), out, col, w, n0, min(w.shape[0], n0 + ROWS_PER_TASK), xs)
+            block_product(fmt, out, col, w, n0, min(w.shape[0], n0 + ROWS_PER_TASK), xs)
 
         return blocks
     return _row_products.py_func
@@ -367,11 +390,11 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
 
         # h = x + out_norm(attn(norm(x))), each norm where the architecture has it
         _norm_rows(xn, x, w.attn_norm, l, eps)
-        _prepare_rows(wq_l, buf.xn_op, buf.xn_scales, xn)
-        if not _prepared_alike(wq_l, wk_l):
-            _prepare_rows(wk_l, buf.xn_op, buf.xn_scales, xn)
-        if not (_prepared_alike(wq_l, wv_l) or _prepared_alike(wk_l, wv_l)):
-            _prepare_rows(wv_l, buf.xn_op, buf.xn_scales, xn)
+        _prepare_rows(wq_l, sq_l, buf.xn_op, buf.xn_scales, xn)
+        if not _prepared_alike(wq_l, sq_l, wk_l, sk_l):
+            _prepare_rows(wk_l, sk_l, buf.xn_op, buf.xn_scales, xn)
+        if not (_prepared_alike(wq_l, sq_l, wv_l, sv_l) or _prepared_alike(wk_l, sk_l, wv_l, sv_l)):
+            _prepare_rows(wv_l, sv_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, tq + 2 * tkv, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
@@ -408,7 +431,7 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
             j0 = first_key(positions[b], window)
             attend(att[b, lo : lo + hd], qkv[b, lo : lo + hd], k_pool[slots[b], l, kv, j0:], v_pool[slots[b], l, kv, j0:],
                    positions[b] + 1 - j0, scores[bh], w.attn_scale, w.attn_softcap)
-        _prepare_rows(wo_l, buf.att_op, buf.att_scales, att)
+        _prepare_rows(wo_l, so_l, buf.att_op, buf.att_scales, att)
         start_claims(claims, th, threads)
         for t in prange(threads):
             _linear_share(proj, wo_l, so_l, att, buf.att_op, buf.att_scales, claims, t, threads)
@@ -416,9 +439,9 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
 
         # x = h + out_norm(mlp(norm(h)))
         _norm_rows(xn, x, w.mlp_norm, l, eps)
-        _prepare_rows(wg_l, buf.xn_op, buf.xn_scales, xn)
-        if not _prepared_alike(wg_l, wu_l):
-            _prepare_rows(wu_l, buf.xn_op, buf.xn_scales, xn)
+        _prepare_rows(wg_l, sg_l, buf.xn_op, buf.xn_scales, xn)
+        if not _prepared_alike(wg_l, sg_l, wu_l, su_l):
+            _prepare_rows(wu_l, su_l, buf.xn_op, buf.xn_scales, xn)
         start_claims(claims, 2 * ti, threads)
         for t in prange(threads):
             task = claim(claims, t, threads)
@@ -430,7 +453,7 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
                 task = claim(claims, t, threads)
         for b in range(B):
             _gated_rows(gate[b], up[b], w.gate_up_bias, l, w.gelu)
-        _prepare_rows(wd_l, buf.gate_op, buf.gate_scales, gate)
+        _prepare_rows(wd_l, sd_l, buf.gate_op, buf.gate_scales, gate)
         start_claims(claims, th, threads)
         for t in prange(threads):
             _linear_share(proj, wd_l, sd_l, gate, buf.gate_op, buf.gate_scales, claims, t, threads)
@@ -438,7 +461,7 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
 
     for b in range(B):
         rmsnorm_row(xn[b], x[b], w.final_norm, eps)
-    _prepare_rows(w.lm_head, buf.xn_op, buf.xn_scales, xn)
+    _prepare_rows(w.lm_head, w.lm_head_scales, buf.xn_op, buf.xn_scales, xn)
     start_claims(claims, (buf.logits.shape[1] + R - 1) // R, threads)
     for t in prange(threads):
         _linear_share(buf.logits, w.lm_head, w.lm_head_scales, xn, buf.xn_op, buf.xn_scales, claims, t, threads)

@@ -129,6 +129,42 @@ def chunk_loop(builder, n, n_acc, body, init=0.0):
     return loop(builder, I64(0), builder.and_(n, I64(-LANES)), LANES, [ir.Constant(VEC, [init] * LANES)] * n_acc, body)
 
 
+F32_MAX = 3.4028234663852886e38
+
+
+def quantized_block(builder, px, i, levels):
+    """The 32 float32 activations at px + i quantized symmetrically to integer levels
+    -levels..levels: (scale, two 16-lane float vectors of the rounded levels), scale = the block's
+    largest magnitude / levels and each level x * (levels / that magnitude), rounded to nearest
+    even. A block holding NaN or Inf gets a NaN scale (every output it feeds is NaN, as in float
+    arithmetic) and levels clamped in range; a block whose largest magnitude is below ~1e-34
+    (levels / it overflows) counts as zeros."""
+    module = builder.module
+    fabs = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.fabs.v16f32")
+    vmax = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.maxnum.v16f32")
+    vmin = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC, VEC]), "llvm.minnum.v16f32")
+    rint = cgutils.get_or_insert_function(module, ir.FunctionType(VEC, [VEC]), "llvm.rint.v16f32")
+    any_set = cgutils.get_or_insert_function(module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), LANES)]), "llvm.vector.reduce.or.v16i1")
+    hmax = cgutils.get_or_insert_function(module, ir.FunctionType(F32, [VEC]), "llvm.vector.reduce.fmax.v16f32")
+    top = ir.Constant(VEC, [F32_MAX] * LANES)
+    halves = [load_f32(builder, px, builder.add(i, I64(h * LANES))) for h in range(2)]
+    mags = [builder.call(fabs, [v]) for v in halves]
+    # NaN or Inf anywhere: |v| > F32_MAX or unordered
+    bad = builder.call(any_set, [builder.or_(*[builder.fcmp_unordered(">", m, top) for m in mags])])
+    amax = builder.call(hmax, [builder.call(vmax, mags)])
+    inv = builder.fdiv(F32(levels), amax)
+    zero = builder.or_(bad, builder.not_(builder.fcmp_ordered("<=", inv, F32(F32_MAX))))  # also amax == 0
+    inv = builder.select(zero, F32(0.0), inv)
+    scale = builder.select(bad, F32(float("nan")), builder.select(zero, F32(0.0), builder.fdiv(amax, F32(levels))))
+    inv_v = splat(builder, inv)
+    top_level = ir.Constant(VEC, [levels] * LANES)
+    out = []
+    for v in halves:
+        q = builder.call(rint, [builder.fmul(v, inv_v)])
+        out.append(builder.call(vmin, [builder.call(vmax, [q, builder.fneg(top_level)]), top_level]))
+    return scale, out
+
+
 # float32 and int8 weight loops ask for the data this many bytes ahead (into the next rows, past a
 # row's end), once per 64-byte line. The hardware prefetcher stops at each 4 KiB page and restarts
 # on every row. Measured: 2 KiB ahead, bfloat16 decode ~+15% on both model shapes (with one

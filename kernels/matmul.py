@@ -14,6 +14,7 @@ from .activation_prep import activation, chunk_operand, operand_buffers, prepare
 from .blocks import block_product, block_row_get
 from .ir_blocks import QBLOCK
 from .jit import EXACT_MATH, kernel
+from .row_groups import GROUPED, grouped_matmul
 from .quant import block_format, chunked_len, weight_at
 from .weight_products import (
     bf16_tile_dot_2x8, bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, streamed_bf16_tile_dot_4x4, streamed_tile_dot_4x4, tile_dot_2x8,
@@ -28,7 +29,7 @@ ROWS_PER_TASK = 8
 def matvec(out, x, w, s):
     """One token: W (N, K) @ x (K,) -> out (N,), at any weight precision."""
     if w.dtype == np.uint8:
-        block_matmul(out.reshape(1, -1), x.reshape(1, -1), w, s)
+        matmul(out.reshape(1, -1), x.reshape(1, -1), w, s)
     else:
         dense_matvec(out, x, w, s)
 
@@ -41,7 +42,9 @@ PANEL_TOKENS = 16
 def matmul(out, x, w, s):
     """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision."""
     if w.dtype == np.uint8:
-        if x.shape[0] >= PANEL_TOKENS:
+        if s[0, 0] in GROUPED.values():
+            grouped_matmul(out, x, w, np.int64(s[0, 0]))
+        elif x.shape[0] >= PANEL_TOKENS:
             panel_matmul(out, x, w, s)
         else:
             block_matmul(out, x, w, s)

@@ -15,6 +15,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from .blocks import FORMATS, Q4_0, Q8_0, block_row_get
+from .row_groups import grouped_row_get, is_grouped
 from .ir_blocks import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
 
@@ -98,7 +99,13 @@ def row_get(w, s, n, out):
 @overload(row_get, jit_options={"fastmath": EXACT_MATH})
 def _row_get(w, s, n, out):
     if w.dtype == types.uint8:
-        return lambda w, s, n, out: block_row_get(block_format(s), w, n, out)
+        def blocks(w, s, n, out):
+            if is_grouped(block_format(s)):
+                grouped_row_get(block_format(s), w, n, out)
+            else:
+                block_row_get(block_format(s), w, n, out)
+
+        return blocks
 
     def get(w, s, n, out):
         for k in range(w.shape[1]):

@@ -149,17 +149,19 @@ class DecodeWorkspace:
     """The buffers of one decode step for up to `rows` sequences, allocated once, handed to
     kernels.decode_batch as a DecodeBuffers of views for each batch size (made once per size)."""
 
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, matrix_dtypes: frozenset):
+    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, matrix_dtypes: frozenset, grouped: bool = False):
         f = np.float32
         H, I, q_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim
         # xn, att and gate as the weights' products read them (kernels.activation_prep), by the
         # matrices' dtypes (Weights.matrix_dtypes): int16 with a scale per block of 32 for int8
         # matrices (also a GGUF's Q8_0, checkpoint.runnable_blocks), bfloat16 bits for bfloat16;
-        # none for float32 and the other block formats, which read xn itself
-        quantized = np.dtype(np.int8) in matrix_dtypes
+        # none for float32 and the other block formats, which read xn itself. Grouped Q4_0 and
+        # Q6_K (kernels.row_groups) read int16's bytes split, and a scale and two sums per block
+        quantized = np.dtype(np.int8) in matrix_dtypes or grouped
         op_dtype = np.int16 if quantized else np.uint16
         op_rows = rows if quantized or np.dtype(np.uint16) in matrix_dtypes else 0
         scale_rows = rows if quantized else 0
+        per_block = K.SPLIT_PER_BLOCK if grouped else 1
         self.rows = rows
         self._full = K.DecodeBuffers(
             logits=np.zeros((rows, cfg.vocab_size), f),
@@ -177,9 +179,9 @@ class DecodeWorkspace:
             xn_op=np.zeros((op_rows, H), op_dtype),
             att_op=np.zeros((op_rows, q_dim), op_dtype),
             gate_op=np.zeros((op_rows, I), op_dtype),
-            xn_scales=np.zeros((scale_rows, H // K.QBLOCK), f),
-            att_scales=np.zeros((scale_rows, q_dim // K.QBLOCK), f),
-            gate_scales=np.zeros((scale_rows, I // K.QBLOCK), f),
+            xn_scales=np.zeros((scale_rows, per_block * (H // K.QBLOCK)), f),
+            att_scales=np.zeros((scale_rows, per_block * (q_dim // K.QBLOCK)), f),
+            gate_scales=np.zeros((scale_rows, per_block * (I // K.QBLOCK)), f),
             claims=np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64),  # kernels.schedule
         )
         self._views: dict[int, K.DecodeBuffers] = {}
@@ -214,7 +216,8 @@ class Model:
         self.widest_window = cfg.widest_window
         self._lock = threading.Lock()
         self.matrix_dtypes = weights.matrix_dtypes
-        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.matrix_dtypes)
+        self._grouped = weights.grouped
+        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.matrix_dtypes, self._grouped)
         self._prefill_ws: PrefillWorkspace | None = None
         self._decode_weights = decode_weights(cfg, weights, self.rope_table, self.windows)
         self._decode_call = DirectCall(K.decode_batch)
@@ -294,7 +297,7 @@ class Model:
             c.reserve(1)
         with self._lock:
             if self._decode_ws.rows < B:
-                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.matrix_dtypes)
+                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.matrix_dtypes, self._grouped)
             buf = self._decode_ws.buffers(B)
             buf.tokens[:] = tokens
             buf.positions[:] = [c.length for c in caches]

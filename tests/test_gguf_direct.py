@@ -1,7 +1,7 @@
 """GGUF files run as stored (`--model FILE.gguf`): every block format gives, bit for bit, the
 logits of the same file imported (dequantized) and run at float32 (Q8_0: at int8, the layout it
-runs in); decode, batched decode and
-prefill agree; `--dtype q4_0` quantizes a checkpoint as llama.cpp's Q4_0 does."""
+runs in; Q4_0, Q4_K and Q6_K, regrouped for integer products: within 16-bit activations' error); decode,
+batched decode and prefill agree; `--dtype q4_0` quantizes a checkpoint as llama.cpp's Q4_0 does."""
 
 import json
 import subprocess
@@ -61,6 +61,9 @@ CASES = {
 }
 
 
+GROUPED_CASES = ("q4_0", "q4_k", "q6_k", "mixture")  # with Q4_0, Q4_K or Q6_K matrices in whole groups of 16 rows
+
+
 @pytest.fixture(scope="module", params=list(CASES))
 def gguf_case(request, tmp_path_factory):
     arch, shape, qtype = CASES[request.param]
@@ -80,8 +83,16 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
     reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
-    if case == "v_at_q8_0":  # float32 sums and one int8 matrix: close, not equal
-        np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-3 * np.abs(reference).max())
+    # float32 sums and one int8 matrix, or Q4_0, Q4_K and Q6_K regrouped (kernels.row_groups: integer
+    # products with activations quantized to 16 bits per block): close, not equal
+    assert direct.weights.grouped == (case in GROUPED_CASES)
+    if case in ("v_at_q8_0", *GROUPED_CASES):
+        # each position within a small share of its largest logit: a block's 16-bit levels lose
+        # its values far below its largest, and these random models have outliers (the q6_k
+        # case's worst position: 0.3% of a logit of 121, the others under 0.05%)
+        scale = np.abs(reference).max(axis=-1, keepdims=True)
+        assert (np.abs(ours - reference) <= 5e-3 * scale).all()
+        assert np.median(np.abs(ours - reference).max(-1) / scale[:, 0]) < 1e-3
         assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
         return
     np.testing.assert_array_equal(ours, reference)

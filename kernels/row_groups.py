@@ -1,0 +1,627 @@
+"""Q4_0 weights in groups of 16 rows, met by activations quantized per block: integer dot products.
+
+A GGUF's Q4_0 matrix (or `--dtype q4_0`'s) is regrouped at load (group_q4_0) into Q4_0_R16: for
+each 16 rows and each block of 32 weights, the 16 rows' float16 scales (32 bytes), then their
+4-bit levels (256 bytes) as four 64-byte words, word o holding bytes 4o..4o+3 of every row's 16
+(row r at 4r). One 64-byte load, masked and shifted, gives each row's levels of weights
+4o..4o+3 (low nibbles) and 16+4o..16+4o+3 (high nibbles) in the lane of that row: vpdpbusd then
+multiplies them with 4 activations broadcast to every lane, 64 products in one instruction,
+one lane per row. The same bytes as the file, in the same number.
+
+Activations meet them as int16 levels per block of 32 (quantize_split: scale = the block's
+largest magnitude / 32639), each split into a signed high and low byte, x = 256 hi + lo, so two
+vpdpbusd chains give the exact integer sum of a block's 32 products q * x (q = level - 8 by
+subtracting 8 * sum(x), prepared per block). Per row and token, blocks are then added in order
+in float32: total = fma(float(int sum), weight scale * activation scale, total). Integer sums
+have no order, and that float chain is the same in every tile, so decode, batched decode and
+prefill agree bit for bit. Against the file dequantized and run at float32, a product's error is
+that of 16-bit activations (about 1/65000 of a block's largest value): llama.cpp meets Q4_0 with
+8-bit ones.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .blocks import FORMATS, Q4_0, Q4_K, Q6_K, _literal
+from .cpu import host_features
+from .ir_blocks import F32, I32, I32_VEC, I64, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, quantized_block, splat
+from .jit import EXACT_MATH, kernel
+
+Q4_0_R16 = 1002  # not ggml types: Q4_0 and Q6_K in groups of 16 rows (the matrix's `s`)
+Q4_K_R16 = 1012
+Q6_K_R16 = 1014
+GROUPED = {Q4_0: Q4_0_R16, Q4_K: Q4_K_R16, Q6_K: Q6_K_R16}  # ggml type -> its grouped layout
+GROUP = 16
+Q4_0_BYTES = FORMATS[Q4_0][1]  # 18: a float16 scale, 16 bytes of levels
+GROUP_BLOCK_BYTES = GROUP * Q4_0_BYTES  # 288: 16 scales, then 4 words of 64 bytes
+PER_BLOCK = 3  # quantize_split's float32 words per block of 32: the scale, two sums of 16
+SPLIT_LEVELS = 32639.0  # 127 * 256 + 127: the largest int16 whose high byte, rounded, is int8
+
+I8 = ir.IntType(8)
+BYTES64 = ir.VectorType(I8, 64)
+
+
+def can_group(w: np.ndarray, ggml_type: int = Q4_0) -> bool:
+    """Whether a Q4_0 or Q6_K matrix (uint8 rows of blocks) can be regrouped: whole groups of 16 rows."""
+    return ggml_type in GROUPED and w.shape[0] % GROUP == 0 and w.shape[1] % FORMATS[ggml_type][1] == 0
+
+
+@njit(cache=True)
+def is_grouped(fmt):
+    """Whether a block matrix's `s` names a grouped layout."""
+    return fmt == Q4_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
+
+
+def grouped_shape(w: np.ndarray, ggml_type: int) -> tuple[int, int]:
+    """The shape of w regrouped: the same bytes, but Q4_K's 6-bit scales and minimums take a byte
+    each (148 bytes per 256 weights and row, not 144)."""
+    if ggml_type == Q4_K:
+        return w.shape[0], w.shape[1] // Q4_K_BYTES * Q4_K_ROW_BYTES
+    return w.shape
+
+
+def group_rows(out, w, ggml_type: int) -> int:
+    """out (grouped_shape) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
+    {Q4_0: group_q4_0, Q4_K: group_q4_k, Q6_K: group_q6_k}[ggml_type](out, w)
+    return GROUPED[ggml_type]
+
+
+@kernel()
+def group_q4_0(out, w):
+    """out = Q4_0 rows w (N, blocks * 18) regrouped as Q4_0_R16 (same shape): N % 16 == 0."""
+    N, row_bytes = w.shape
+    blocks = row_bytes // Q4_0_BYTES
+    flat = out.reshape(N * row_bytes)
+    for g in prange(N // GROUP):
+        base = g * GROUP * row_bytes
+        for r in range(GROUP):
+            n = g * GROUP + r
+            for k in range(blocks):
+                dst = base + k * GROUP_BLOCK_BYTES
+                src = k * Q4_0_BYTES
+                flat[dst + 2 * r] = w[n, src]
+                flat[dst + 2 * r + 1] = w[n, src + 1]
+                for o in range(4):
+                    for j in range(4):
+                        flat[dst + 32 + 64 * o + 4 * r + j] = w[n, src + 2 + 4 * o + j]
+
+
+@intrinsic
+def _f16_at(typingctx, arr, i):
+    """The float16 at byte i of a uint8 array, widened to float32 (exact)."""
+    sig = types.float32(arr, i)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [as_i64(builder, args[1], None)]), ir.HalfType().as_pointer())
+        return builder.fpext(builder.load(ptr, align=1), F32)
+
+    return sig, codegen
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def q4_r16_row_get(w, n, out):
+    """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
+    N, row_bytes = w.shape
+    flat = w.reshape(N * row_bytes)
+    g, r = divmod(n, GROUP)
+    base = g * GROUP * row_bytes
+    for k in range(row_bytes // Q4_0_BYTES):
+        at = base + k * GROUP_BLOCK_BYTES
+        d = _f16_at(flat, at + 2 * r)
+        for o in range(4):
+            for j in range(4):
+                byte = np.int32(flat[at + 32 + 64 * o + 4 * r + j])
+                out[QBLOCK * k + 4 * o + j] = d * np.float32((byte & 15) - 8)
+                out[QBLOCK * k + 16 + 4 * o + j] = d * np.float32((byte >> 4) - 8)
+
+
+# ---------------------------------------------------------------- activations
+
+
+@intrinsic
+def quantize_split(typingctx, xo, xs, x, b):
+    """Row b of float32 x (T, K) as Q4_0_R16 products read it, per block j of 32: int16 levels x16
+    (quantized_block, levels +-32639) split as hi = (x16 + 128) >> 8 and lo = x16 - 256 hi, both
+    int8; xo[b] (2K bytes: int16 (T, K) reused) holds the K lo bytes, then the K hi bytes;
+    xs[b, 3j] the block's float32 scale, xs[b, 3j + 1] and xs[b, 3j + 2] the int32 bits of
+    sum(x16) over its first and its second 16 (for the weights' level offsets)."""
+    sig = types.void(xo, xs, x, b)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        oty, sty, xty, _ = signature.args
+        xarr = context.make_array(xty)(context, b, args[2])
+        K = b.extract_value(xarr.shape, 1)
+        row = as_i64(b, args[3], None)
+        px = b.gep(xarr.data, [b.mul(row, K)], source_etype=F32)
+        oarr = context.make_array(oty)(context, b, args[0])
+        plo = b.gep(b.bitcast(oarr.data, I8.as_pointer()), [b.mul(row, b.mul(K, I64(2)))], source_etype=I8)
+        phi = b.gep(plo, [K], source_etype=I8)
+        sarr = context.make_array(sty)(context, b, args[1])
+        ps = b.gep(sarr.data, [b.mul(row, b.extract_value(sarr.shape, 1))], source_etype=F32)
+        sum_fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32, [I32_VEC]), "llvm.vector.reduce.add.v16i32")
+        ivec = lambda v: ir.Constant(I32_VEC, [v] * LANES)
+        bytes16 = ir.VectorType(I8, LANES)
+
+        def block(i, _):
+            scale, halves = quantized_block(b, px, i, SPLIT_LEVELS)
+            j3 = b.mul(b.sdiv(i, I64(QBLOCK)), I64(PER_BLOCK))
+            b.store(scale, b.gep(ps, [j3], source_etype=F32))
+            for h, q in enumerate(halves):
+                x16 = b.fptosi(q, I32_VEC)
+                hi = b.ashr(b.add(x16, ivec(128)), ivec(8))
+                lo = b.sub(x16, b.shl(hi, ivec(8)))
+                at = b.add(i, I64(h * LANES))
+                for p, v in ((plo, lo), (phi, hi)):
+                    b.store(b.trunc(v, bytes16), b.bitcast(b.gep(p, [at], source_etype=I8), bytes16.as_pointer()), align=1)
+                total = b.call(sum_fn, [x16])
+                b.store(total, b.bitcast(b.gep(ps, [b.add(j3, I64(1 + h))], source_etype=F32), I32.as_pointer()))
+            return []
+
+        loop(b, I64(0), b.and_(K, I64(-QBLOCK)), QBLOCK, [], block)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shapes of quantize_split's (xo int16, xs float32) for T vectors of K."""
+    return (T, K), (T, PER_BLOCK * (K // QBLOCK))
+
+
+# ---------------------------------------------------------------- products
+
+
+def _dpbusd(b, acc, u, s):
+    """acc (16 x i32) + the sums of 4 products u * s (64 x i8: u unsigned, s signed) per lane:
+    vpdpbusd with AVX-512 VNNI, else the same exact integer sums in plain vectors."""
+    if "avx512vnni" in host_features():
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32_VEC, [I32_VEC, BYTES64, BYTES64]), "llvm.x86.avx512.vpdpbusd.512")
+        return b.call(fn, [acc, u, s])
+    wide = ir.VectorType(I32, 64)
+    p = b.mul(b.zext(u, wide), b.sext(s, wide))
+    quarter = lambda k: b.shuffle_vector(p, p, ir.Constant(I32_VEC, list(range(k, 64, 4))))
+    return b.add(acc, b.add(b.add(quarter(0), quarter(1)), b.add(quarter(2), quarter(3))))
+
+
+def _word_at(b, p, i):
+    """The int32 stored in float32 slot i of p."""
+    return b.load(b.bitcast(b.gep(p, [I64(i)], source_etype=F32), I32.as_pointer()), align=4)
+
+
+def _broadcast4(b, p, off):
+    """The 4 bytes at p + off in every 32-bit lane, as 64 x i8."""
+    word = b.load(b.bitcast(b.gep(p, [off], source_etype=I8), I32.as_pointer()), align=1)
+    v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), word, I32(0))
+    return b.bitcast(b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES)), BYTES64)
+
+
+@intrinsic(prefer_literal=True)
+def q4_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
+    """out[t + j, col + 16 g + r] = row 16 g + r of Q4_0_R16 weights w . token t + j, for the 16
+    rows of group g and G tokens (G a compile-time constant) of quantize_split's xo, xs."""
+    ng = _literal(G)
+    if not ng or out.dtype != types.float32 or out.layout != "C":
+        return None
+    sig = types.void(out, col, w, g, xo, xs, t, G)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        oty, _, wty, _, xoty, xsty, _, _ = signature.args
+        oarr = context.make_array(oty)(context, b, args[0])
+        warr = context.make_array(wty)(context, b, args[2])
+        xoarr = context.make_array(xoty)(context, b, args[4])
+        xsarr = context.make_array(xsty)(context, b, args[5])
+        row_bytes = b.extract_value(warr.shape, 1)
+        blocks = b.sdiv(row_bytes, I64(Q4_0_BYTES))
+        K = b.mul(blocks, I64(QBLOCK))
+        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
+        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
+        act = b.bitcast(xoarr.data, I8.as_pointer())
+        xs_width = b.extract_value(xsarr.shape, 1)
+        tokens = []
+        for j in range(ng):
+            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
+            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
+        mask = ir.Constant(BYTES64, [15] * 64)
+        four = ir.Constant(BYTES64, [4] * 64)
+        eight = ir.Constant(I32_VEC, [8] * LANES)
+
+        def body(k, totals):
+            bp = b.gep(group, [b.mul(k, I64(GROUP_BLOCK_BYTES))], source_etype=I8)
+            halves = b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1)
+            dw = b.fpext(halves, VEC)
+            low, high = [], []
+            for o in range(4):
+                words = b.load(b.bitcast(b.gep(bp, [I64(32 + 64 * o)], source_etype=I8), BYTES64.as_pointer()), align=1)
+                low.append(b.and_(words, mask))
+                high.append(b.and_(b.lshr(words, four), mask))
+            e = b.mul(k, I64(QBLOCK))
+            out_totals = []
+            for (plo, phi, ps), total in zip(tokens, totals):
+                pair = b.gep(ps, [b.mul(k, I64(PER_BLOCK))], source_etype=F32)
+                corr = b.mul(b.add(_word_at(b, pair, 1), _word_at(b, pair, 2)), I32(-8))  # levels are q + 8
+                corr_v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
+                sums = []
+                for p, init in ((phi, ir.Constant(I32_VEC, [0] * LANES)), (plo, b.shuffle_vector(corr_v, corr_v, ir.Constant(I32_VEC, [0] * LANES)))):
+                    acc = init
+                    for o in range(4):
+                        acc = _dpbusd(b, acc, low[o], _broadcast4(b, p, b.add(e, I64(4 * o))))
+                        acc = _dpbusd(b, acc, high[o], _broadcast4(b, p, b.add(e, I64(16 + 4 * o))))
+                    sums.append(acc)
+                exact = b.add(b.shl(sums[0], eight), sums[1])
+                scale = b.fmul(dw, splat(b, b.load(pair, align=4)))
+                out_totals.append(fma_vec(b, b.sitofp(exact, VEC), scale, total))
+            return out_totals
+
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        totals = loop(b, I64(0), blocks, 1, [zero] * ng, body)
+        width = b.extract_value(oarr.shape, 1)
+        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
+        for j, total in enumerate(totals):
+            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
+            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def q4_r16_rows(out, col, w, g, xo, xs):
+    """out[t, col + 16 g ..] for group g's 16 rows and every token of xo: tiles of 4 tokens (each
+    block's levels unpacked once for them), then one at a time."""
+    T = xo.shape[0]
+    t = 0
+    while t + 4 <= T:
+        q4_r16_tile(out, col, w, g, xo, xs, t, 4)
+        t += 4
+    while t < T:
+        q4_r16_tile(out, col, w, g, xo, xs, t, 1)
+        t += 1
+
+
+# ---------------------------------------------------------------- Q6_K
+#
+# Q6_K_R16, per group of 16 rows and super-block of 256 weights (3360 bytes, 16 x 210): the 16
+# rows' float16 d (32 bytes), their int8 scales of the 16 sub-blocks (256 bytes, sub-block-major),
+# then per sub-block of 16 weights three 64-byte words, row r at 4r, byte j: A holds the low 4
+# bits of weights j and 4 + j, B of weights 8 + j and 12 + j, C the high 2 bits of weights j,
+# 4 + j, 8 + j and 12 + j. Levels 0..63 (weight = d * scale * (level - 32), as gguf-py's).
+
+Q6_K_BYTES = FORMATS[Q6_K][1]  # 210
+Q6_K_GROUP_BYTES = GROUP * Q6_K_BYTES  # 3360
+Q6_K_WORDS_AT = 32 + 256  # after d and the scales
+
+
+def q6_k_parts(raw: np.ndarray):
+    """Q6_K rows (N, sb * 210) -> levels (N, sb, 256) uint8 0..63, scales (N, sb, 16) int8, d
+    (N, sb) float16 bits: ggml's layout unpacked (dequantize_row_q6_K)."""
+    N = raw.shape[0]
+    blocks = raw.reshape(N, -1, Q6_K_BYTES)
+    levels = np.empty(blocks.shape[:2] + (256,), np.uint8)
+    for h in range(2):
+        ql, qh = blocks[..., 64 * h : 64 * h + 64], blocks[..., 128 + 32 * h : 160 + 32 * h]
+        for m, (low, shift) in enumerate(((ql[..., :32] & 15, 0), (ql[..., 32:] & 15, 2), (ql[..., :32] >> 4, 4), (ql[..., 32:] >> 4, 6))):
+            levels[..., 128 * h + 32 * m : 128 * h + 32 * m + 32] = low | (((qh >> shift) & 3) << 4)
+    return levels, blocks[..., 192:208].view(np.int8), blocks[..., 208:210].copy().view(np.uint16)[..., 0]
+
+
+def group_q6_k(out, w):
+    """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0."""
+    N = w.shape[0]
+    G = N // GROUP
+    levels, scales, d = q6_k_parts(w)
+    sb = levels.shape[1]
+    y = levels.reshape(G, GROUP, sb, 16, 4, 4)  # group, row, super-block, sub-block, quad, j
+    lo, hi = y & 15, y >> 4
+    words = np.stack([lo[..., 0, :] | (lo[..., 1, :] << 4), lo[..., 2, :] | (lo[..., 3, :] << 4),
+                      hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)], axis=4)
+    words = words.transpose(0, 2, 3, 4, 1, 5).reshape(G, sb, 16 * 3 * 64)  # super-block, sub-block, word, row, j
+    ds = d.reshape(G, GROUP, sb).transpose(0, 2, 1).copy().view(np.uint8)  # (G, sb, 32)
+    sc = scales.reshape(G, GROUP, sb, 16).transpose(0, 2, 3, 1).reshape(G, sb, 256).view(np.uint8)
+    out.reshape(G, sb, Q6_K_GROUP_BYTES)[:] = np.concatenate([ds, sc, words], axis=2)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def q6_r16_row_get(w, n, out):
+    """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
+    N, row_bytes = w.shape
+    flat = w.reshape(N * row_bytes)
+    g, r = divmod(n, GROUP)
+    for sb in range(row_bytes // Q6_K_BYTES):
+        at = g * GROUP * row_bytes + sb * Q6_K_GROUP_BYTES
+        d = _f16_at(flat, at + 2 * r)
+        for sub in range(16):
+            scale = d * np.float32(np.int8(flat[at + 32 + 16 * sub + r]))
+            wb = at + Q6_K_WORDS_AT + 192 * sub + 4 * r
+            for j in range(4):
+                a, b, c = np.int32(flat[wb + j]), np.int32(flat[wb + 64 + j]), np.int32(flat[wb + 128 + j])
+                low = (a & 15, a >> 4, b & 15, b >> 4)
+                for i in range(4):
+                    level = low[i] | (((c >> (2 * i)) & 3) << 4)
+                    out[256 * sb + 16 * sub + 4 * i + j] = scale * np.float32(level - 32)
+
+
+@intrinsic(prefer_literal=True)
+def q6_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
+    """As q4_r16_tile, for Q6_K_R16 weights: per sub-block of 16, the exact integer sum of the
+    products (levels - 32 by subtracting 32 sum(x16)), then total = fma(float(sum), d * scale *
+    activation scale, total), sub-blocks in order."""
+    ng = _literal(G)
+    if not ng or out.dtype != types.float32 or out.layout != "C":
+        return None
+    sig = types.void(out, col, w, g, xo, xs, t, G)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        oty, _, wty, _, xoty, xsty, _, _ = signature.args
+        oarr = context.make_array(oty)(context, b, args[0])
+        warr = context.make_array(wty)(context, b, args[2])
+        xoarr = context.make_array(xoty)(context, b, args[4])
+        xsarr = context.make_array(xsty)(context, b, args[5])
+        row_bytes = b.extract_value(warr.shape, 1)
+        supers = b.sdiv(row_bytes, I64(Q6_K_BYTES))
+        K = b.mul(supers, I64(256))
+        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
+        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
+        act = b.bitcast(xoarr.data, I8.as_pointer())
+        xs_width = b.extract_value(xsarr.shape, 1)
+        tokens = []
+        for j in range(ng):
+            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
+            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
+        c = lambda v: ir.Constant(BYTES64, [v] * 64)
+        eight = ir.Constant(I32_VEC, [8] * LANES)
+        sc_type = ir.VectorType(I8, LANES)
+
+        def body(k, totals):
+            bp = b.gep(group, [b.mul(k, I64(Q6_K_GROUP_BYTES))], source_etype=I8)
+            d = b.fpext(b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1), VEC)
+            totals = list(totals)
+            for sub in range(16):
+                sc = b.load(b.bitcast(b.gep(bp, [I64(32 + 16 * sub)], source_etype=I8), sc_type.as_pointer()), align=1)
+                row_scale = b.fmul(d, b.sitofp(b.sext(sc, I32_VEC), VEC))  # exact: 11 x 8 bits
+                wa, wb, wc = (b.load(b.bitcast(b.gep(bp, [I64(Q6_K_WORDS_AT + 192 * sub + 64 * x)], source_etype=I8), BYTES64.as_pointer()), align=1) for x in range(3))
+                low = [b.and_(wa, c(15)), b.lshr(wa, c(4)), b.and_(wb, c(15)), b.lshr(wb, c(4))]
+                high = [b.and_(b.shl(wc, c(4)), c(0x30)), b.and_(b.shl(wc, c(2)), c(0x30)), b.and_(wc, c(0x30)), b.and_(b.lshr(wc, c(2)), c(0x30))]
+                levels = [b.or_(lv, hv) for lv, hv in zip(low, high)]
+                e = b.add(b.mul(k, I64(256)), I64(16 * sub))  # first weight of the sub-block
+                words = b.add(b.mul(k, I64(8 * PER_BLOCK)), I64(PER_BLOCK * (sub // 2)))  # its block's scale
+                for j, (plo, phi, ps) in enumerate(tokens):
+                    pw = b.gep(ps, [words], source_etype=F32)
+                    corr = b.mul(_word_at(b, pw, 1 + sub % 2), I32(-32))  # levels are q + 32
+                    corr_v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
+                    sums = []
+                    for p, init in ((phi, ir.Constant(I32_VEC, [0] * LANES)), (plo, b.shuffle_vector(corr_v, corr_v, ir.Constant(I32_VEC, [0] * LANES)))):
+                        acc = init
+                        for i in range(4):
+                            acc = _dpbusd(b, acc, levels[i], _broadcast4(b, p, b.add(e, I64(4 * i))))
+                        sums.append(acc)
+                    exact = b.add(b.shl(sums[0], eight), sums[1])
+                    scale = b.fmul(row_scale, splat(b, b.load(pw, align=4)))
+                    totals[j] = fma_vec(b, b.sitofp(exact, VEC), scale, totals[j])
+            return totals
+
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        totals = loop(b, I64(0), supers, 1, [zero] * ng, body)
+        width = b.extract_value(oarr.shape, 1)
+        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
+        for j, total in enumerate(totals):
+            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
+            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def q6_r16_rows(out, col, w, g, xo, xs):
+    """q4_r16_rows for Q6_K_R16 weights."""
+    T = xo.shape[0]
+    t = 0
+    while t + 4 <= T:
+        q6_r16_tile(out, col, w, g, xo, xs, t, 4)
+        t += 4
+    while t < T:
+        q6_r16_tile(out, col, w, g, xo, xs, t, 1)
+        t += 1
+
+
+# ---------------------------------------------------------------- Q4_K
+#
+# Q4_K_R16, per group of 16 rows and super-block of 256 weights (2368 bytes, 16 x 148): the 16
+# rows' float16 d, then dmin (64 bytes), their 6-bit scales (8 sub-blocks x 16 rows, a byte
+# each), then minimums (the same), then per sub-block of 32 weights Q4_0_R16's four words.
+# Weight = (d * scale) * level - dmin * minimum, as gguf-py's.
+
+Q4_K_BYTES = FORMATS[Q4_K][1]  # 144
+Q4_K_ROW_BYTES = 148
+Q4_K_GROUP_BYTES = GROUP * Q4_K_ROW_BYTES  # 2368
+Q4_K_WORDS_AT = 64 + 256
+
+
+def q4_k_parts(raw: np.ndarray):
+    """Q4_K rows (N, sb * 144) -> levels (N, sb, 256) uint8 0..15, scales and minimums (N, sb, 8)
+    uint8 (get_scale_min_k4), d and dmin (N, sb) float16 bits."""
+    N = raw.shape[0]
+    blocks = raw.reshape(N, -1, Q4_K_BYTES)
+    q = blocks[..., 4:16]
+    sc = np.empty(blocks.shape[:2] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = q[..., :4] & 63, q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 15) | ((q[..., :4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    qs = blocks[..., 16:144].reshape(N, -1, 4, 32)
+    levels = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, -1, 256)
+    d = blocks[..., 0:2].copy().view(np.uint16)[..., 0]
+    dmin = blocks[..., 2:4].copy().view(np.uint16)[..., 0]
+    return levels, sc, mn, d, dmin
+
+
+def group_q4_k(out, w):
+    """out (N, sb * 148) = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16: N % 16 == 0."""
+    N = w.shape[0]
+    G = N // GROUP
+    levels, sc, mn, d, dmin = q4_k_parts(w)
+    sb = levels.shape[1]
+    y = levels.reshape(G, GROUP, sb, 8, 2, 4, 4)  # group, row, super-block, sub-block, half, o, j
+    words = (y[..., 0, :, :] | (y[..., 1, :, :] << 4)).transpose(0, 2, 3, 4, 1, 5).reshape(G, sb, 8 * 256)
+    per_row = lambda a: a.reshape(G, GROUP, sb, -1).transpose(0, 2, 3, 1).reshape(G, sb, -1)
+    halves = [np.ascontiguousarray(v.reshape(G, GROUP, sb).transpose(0, 2, 1)).view(np.uint8) for v in (d, dmin)]  # (G, sb, 32)
+    heads = np.concatenate([*halves, per_row(sc), per_row(mn)], axis=2)
+    out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def qk_r16_row_get(w, n, out):
+    """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
+    N, row_bytes = w.shape
+    flat = w.reshape(N * row_bytes)
+    g, r = divmod(n, GROUP)
+    for sb in range(row_bytes // Q4_K_ROW_BYTES):
+        at = g * GROUP * row_bytes + sb * Q4_K_GROUP_BYTES
+        d, dmin = _f16_at(flat, at + 2 * r), _f16_at(flat, at + 32 + 2 * r)
+        for sub in range(8):
+            ds = d * np.float32(flat[at + 64 + 16 * sub + r])
+            dm = dmin * np.float32(flat[at + 192 + 16 * sub + r])
+            wb = at + Q4_K_WORDS_AT + 256 * sub + 4 * r
+            for o in range(4):
+                for j in range(4):
+                    byte = np.int32(flat[wb + 64 * o + j])
+                    out[256 * sb + 32 * sub + 4 * o + j] = ds * np.float32(byte & 15) - dm
+                    out[256 * sb + 32 * sub + 16 + 4 * o + j] = ds * np.float32(byte >> 4) - dm
+
+
+@intrinsic(prefer_literal=True)
+def qk_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
+    """As q4_r16_tile, for Q4_K_R16 weights: per sub-block of 32, the exact integer sum of the
+    products of levels, then total = fma(float(sum), d * scale * activation scale, total) and
+    total = fma(float(sum of x16), -(dmin * minimum * activation scale), total), in order."""
+    ng = _literal(G)
+    if not ng or out.dtype != types.float32 or out.layout != "C":
+        return None
+    sig = types.void(out, col, w, g, xo, xs, t, G)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        oty, _, wty, _, xoty, xsty, _, _ = signature.args
+        oarr = context.make_array(oty)(context, b, args[0])
+        warr = context.make_array(wty)(context, b, args[2])
+        xoarr = context.make_array(xoty)(context, b, args[4])
+        xsarr = context.make_array(xsty)(context, b, args[5])
+        row_bytes = b.extract_value(warr.shape, 1)
+        supers = b.sdiv(row_bytes, I64(Q4_K_ROW_BYTES))
+        K = b.mul(supers, I64(256))
+        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
+        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
+        act = b.bitcast(xoarr.data, I8.as_pointer())
+        xs_width = b.extract_value(xsarr.shape, 1)
+        tokens = []
+        for j in range(ng):
+            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
+            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
+        mask, four = ir.Constant(BYTES64, [15] * 64), ir.Constant(BYTES64, [4] * 64)
+        eight = ir.Constant(I32_VEC, [8] * LANES)
+        zero_i = ir.Constant(I32_VEC, [0] * LANES)
+        u8x16 = ir.VectorType(I8, LANES)
+        half16 = ir.VectorType(ir.HalfType(), LANES)
+
+        def row_floats(bp, off, typ):
+            v = b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), typ.as_pointer()), align=1)
+            return b.fpext(v, VEC) if typ is half16 else b.uitofp(b.zext(v, I32_VEC), VEC)
+
+        def body(k, totals):
+            bp = b.gep(group, [b.mul(k, I64(Q4_K_GROUP_BYTES))], source_etype=I8)
+            d, dmin = row_floats(bp, 0, half16), row_floats(bp, 32, half16)
+            totals = list(totals)
+            for sub in range(8):
+                ds = b.fmul(d, row_floats(bp, 64 + 16 * sub, u8x16))  # exact: 11 x 6 bits
+                dm = b.fmul(dmin, row_floats(bp, 192 + 16 * sub, u8x16))
+                low, high = [], []
+                for o in range(4):
+                    words = b.load(b.bitcast(b.gep(bp, [I64(Q4_K_WORDS_AT + 256 * sub + 64 * o)], source_etype=I8), BYTES64.as_pointer()), align=1)
+                    low.append(b.and_(words, mask))
+                    high.append(b.and_(b.lshr(words, four), mask))
+                e = b.add(b.mul(k, I64(256)), I64(32 * sub))
+                words_at = b.add(b.mul(k, I64(8 * PER_BLOCK)), I64(PER_BLOCK * sub))
+                for j, (plo, phi, ps) in enumerate(tokens):
+                    pw = b.gep(ps, [words_at], source_etype=F32)
+                    sums = []
+                    for p in (phi, plo):
+                        acc = zero_i
+                        for o in range(4):
+                            acc = _dpbusd(b, acc, low[o], _broadcast4(b, p, b.add(e, I64(4 * o))))
+                            acc = _dpbusd(b, acc, high[o], _broadcast4(b, p, b.add(e, I64(16 + 4 * o))))
+                        sums.append(acc)
+                    exact = b.add(b.shl(sums[0], eight), sums[1])
+                    da = splat(b, b.load(pw, align=4))
+                    x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
+                    total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])
+                    totals[j] = fma_vec(b, splat(b, x_sum), b.fneg(b.fmul(dm, da)), total)
+            return totals
+
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        totals = loop(b, I64(0), supers, 1, [zero] * ng, body)
+        width = b.extract_value(oarr.shape, 1)
+        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
+        for j, total in enumerate(totals):
+            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
+            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def qk_r16_rows(out, col, w, g, xo, xs):
+    """q4_r16_rows for Q4_K_R16 weights."""
+    T = xo.shape[0]
+    t = 0
+    while t + 4 <= T:
+        qk_r16_tile(out, col, w, g, xo, xs, t, 4)
+        t += 4
+    while t < T:
+        qk_r16_tile(out, col, w, g, xo, xs, t, 1)
+        t += 1
+
+
+# ---------------------------------------------------------------- either layout, by `s`
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def grouped_rows(fmt, out, col, w, g, xo, xs):
+    """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout)."""
+    if fmt == Q4_0_R16:
+        q4_r16_rows(out, col, w, g, xo, xs)
+    elif fmt == Q4_K_R16:
+        qk_r16_rows(out, col, w, g, xo, xs)
+    else:
+        q6_r16_rows(out, col, w, g, xo, xs)
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def grouped_row_get(fmt, w, n, out):
+    """out[:] = row n of grouped weights as float32, as gguf-py dequantizes the file's row."""
+    if fmt == Q4_0_R16:
+        q4_r16_row_get(w, n, out)
+    elif fmt == Q4_K_R16:
+        qk_r16_row_get(w, n, out)
+    else:
+        q6_r16_row_get(w, n, out)
+
+
+@kernel(fastmath=EXACT_MATH)
+def grouped_matmul(out, x, w, fmt):
+    """x (T, K) @ W (N, K).T for grouped weights: x quantized once (quantize_split), then each
+    group of 16 rows against every token."""
+    T, K = x.shape
+    xo = np.empty((T, K), np.int16)
+    xs = np.empty((T, PER_BLOCK * (K // QBLOCK)), np.float32)
+    for b in prange(T):
+        quantize_split(xo, xs, x, b)
+    for g in prange(w.shape[0] // GROUP):
+        grouped_rows(fmt, out, 0, w, g, xo, xs)

@@ -1,0 +1,145 @@
+"""Q4_0 and Q6_K in groups of 16 rows (kernels.row_groups) against plain NumPy: regrouping keeps
+every weight (dequantized bit for bit as gguf-py does), activations split into bytes exactly,
+products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
+same bits."""
+
+import numpy as np
+import pytest
+from numba import njit
+
+import kernels.row_groups as KQ
+from gguf_tiny import random_blocks
+from kernels.blocks import Q4_0, Q4_K, Q6_K
+
+FORMATS = [Q4_0, Q4_K, Q6_K]
+
+
+@njit(cache=True)
+def split_rows(xo, xs, x):
+    for b in range(x.shape[0]):
+        KQ.quantize_split(xo, xs, x, b)
+
+
+def grouped(fmt, rows, cols, seed=0):
+    q = random_blocks(fmt, rows, cols, seed=seed)
+    g = np.empty(KQ.grouped_shape(q, fmt), np.uint8)
+    layout = KQ.group_rows(g, q, fmt)
+    return q, g, layout
+
+
+def levels_and_scales(fmt, q, cols):
+    """A matrix's levels less their offset, (N, units, size), float32 scales (N, units) and
+    minimums (N, units; weight = scale * level - minimum): Q4_0 in blocks of 32 from its bytes,
+    Q4_K in sub-blocks of 32, Q6_K of 16 (scale d * sub-block scale)."""
+    N = q.shape[0]
+    if fmt == Q4_0:
+        blocks = q.reshape(N, cols // 32, 18)
+        qs = blocks[:, :, 2:].astype(np.int64)
+        d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        return np.concatenate([qs & 15, qs >> 4], axis=2) - 8, d, np.zeros_like(d)
+    f32 = lambda h: h.view(np.float16).astype(np.float32)[..., None]
+    if fmt == Q4_K:
+        levels, sc, mn, d, dmin = KQ.q4_k_parts(q)
+        return (levels.reshape(N, cols // 32, 32).astype(np.int64), (f32(d) * sc).reshape(N, -1).astype(np.float32),
+                (f32(dmin) * mn).reshape(N, -1).astype(np.float32))
+    levels, scales, d = KQ.q6_k_parts(q)
+    dw = (f32(d) * scales.astype(np.float32)).reshape(N, cols // 16)
+    return levels.reshape(N, cols // 16, 16).astype(np.int64) - 32, dw, np.zeros_like(dw)
+
+
+def split_reference(x):
+    """quantize_split in NumPy: int16 levels per block (scale amax / 32639), hi and lo bytes."""
+    T, K = x.shape
+    blocks = x.reshape(T, K // 32, 32)
+    amax = np.abs(blocks).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(32639.0) / amax, np.float32(0.0)).astype(np.float32)
+    x16 = np.clip(np.rint(blocks * inv[..., None]), -32639, 32639).astype(np.int64)
+    return x16, (amax / np.float32(32639.0)).astype(np.float32)
+
+
+def products_reference(fmt, q, x):
+    """Each row . token as the kernels form it: the exact integer sum of a block's products, then
+    blocks in order, total = total + float(sum) * (weight scale * activation scale), in float64
+    rounded to float32 at each step (a fused multiply-add but for the rare double rounding)."""
+    T, K = x.shape
+    levels, dw, dm = levels_and_scales(fmt, q, K)
+    size = levels.shape[2]
+    x16, da = split_reference(x)
+    ints = np.einsum("nkj,tkj->tnk", levels, x16.reshape(T, K // size, size))
+    sums = x16.reshape(T, K // size, size).sum(-1).astype(np.float32).astype(np.float64)
+    total = np.zeros((T, q.shape[0]), np.float32)
+    for k in range(K // size):
+        a = da[:, None, k * size // 32]
+        total = (ints[:, :, k].astype(np.float32).astype(np.float64) * (dw[None, :, k] * a).astype(np.float32) + total).astype(np.float32)
+        if fmt == Q4_K:
+            total = (sums[:, k, None] * -(dm[None, :, k] * a).astype(np.float32) + total).astype(np.float32)
+    return total
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_regrouped_rows_dequantize_as_gguf_py(fmt):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    q, g, layout = grouped(fmt, 48, 512)
+    want = dequantize(q, GGMLQuantizationType(fmt)).reshape(48, 512).astype(np.float32)
+    row = np.empty(512, np.float32)
+    for n in range(48):
+        KQ.grouped_row_get(layout, g, n, row)
+        np.testing.assert_array_equal(row, want[n])
+    assert g.nbytes == (q.nbytes // 144 * 148 if fmt == Q4_K else q.nbytes)  # Q4_K: a byte per 6-bit scale
+    assert KQ.can_group(q, fmt) and not KQ.can_group(q[:40], fmt)
+
+
+def test_activations_split_into_bytes_exactly():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    x[1, :32] *= 1e4  # one large block beside small ones
+    x[2, 32:64] = 0  # an all-zero block
+    xo, xs = (np.empty(shape, dt) for shape, dt in zip(KQ.operand_shapes(3, 128), (np.int16, np.float32)))
+    split_rows(xo, xs, x)
+    x16, da = split_reference(x)
+    raw = xo.view(np.int8).reshape(3, 256).astype(np.int64)
+    lo, hi = raw[:, :128], raw[:, 128:]
+    np.testing.assert_array_equal(hi * 256 + lo, x16.reshape(3, 128))
+    np.testing.assert_array_equal(xs[:, 0::3], da)
+    np.testing.assert_array_equal(xs[:, 1::3].view(np.int32), x16[..., :16].sum(-1))
+    np.testing.assert_array_equal(xs[:, 2::3].view(np.int32), x16[..., 16:].sum(-1))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("T", [1, 3, 4, 9])
+def test_products_equal_the_integer_reference(fmt, T):
+    q, g, layout = grouped(fmt, 32, 512, seed=T)
+    x = np.random.default_rng(T).standard_normal((T, 512)).astype(np.float32)
+    out = np.zeros((T, 32), np.float32)
+    KQ.grouped_matmul(out, x, g, layout)
+    np.testing.assert_allclose(out, products_reference(fmt, q, x), rtol=1e-6, atol=1e-6 * np.abs(out).max())
+    # and close to the dequantized rows' products in float64: 16-bit activations' error
+    levels, dw, dm = levels_and_scales(fmt, q, 512)
+    exact = x.astype(np.float64) @ (levels * dw[..., None] - dm[..., None]).reshape(32, 512).T
+    np.testing.assert_allclose(out, exact, rtol=0, atol=2e-4 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_tile_gives_the_same_bits(fmt):
+    """Tokens alone (decode), in fours (batches) and many at once (prefill) agree to the bit."""
+    q, g, layout = grouped(fmt, 64, 256, seed=7)
+    x = np.random.default_rng(7).standard_normal((11, 256)).astype(np.float32)
+    together = np.zeros((11, 64), np.float32)
+    KQ.grouped_matmul(together, x, g, layout)
+    for t in range(11):
+        alone = np.zeros((1, 64), np.float32)
+        KQ.grouped_matmul(alone, x[t : t + 1], g, layout)
+        np.testing.assert_array_equal(alone[0], together[t])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_nan_activation_reaches_its_outputs_only(fmt):
+    q, g, layout = grouped(fmt, 16, 256)
+    x = np.ones((2, 256), np.float32)
+    x[0, 5] = np.nan
+    out = np.zeros((2, 16), np.float32)
+    KQ.grouped_matmul(out, x, g, layout)
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
