@@ -316,15 +316,15 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
         return runnable_blocks(w, ggml_type, as_int8=kinds[_matrix_kind(name)] == {K.Q8_0}, group=may_group(name))
 
     def may_group(name: str) -> bool:
-        """Whether a Q4_0, Q4_K or Q6_K matrix may be regrouped (kernels.row_groups): not beside an int8 matrix
-        reading the same input (the decode step prepares one input once, for one of them), and,
-        in a fused matrix, with every part whole groups of 16 rows."""
+        """Whether a matrix may be regrouped (kernels.row_groups): only if every matrix reading
+        the same input can be too, so that no int8 one (a Q8_0 left ungrouped) sits beside it (the
+        decode step prepares an input once, for one of them); in a fused matrix, with every part
+        whole groups of 16 rows."""
         kind = _matrix_kind(name)
         sharing = next((group for group in INPUT_SHARING if kind in group), (kind,))
-        if any(kinds.get(k) == {K.Q8_0} for k in sharing):
-            return False
+        rows = {k: shapes[next(n for n in shapes if _matrix_kind(n) == k)][0] for k in sharing if any(_matrix_kind(n) == k for n in shapes)}
         parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,)}.get(kind, ())
-        return all(n % K.ROW_GROUP == 0 for n in parts)
+        return all(n % K.ROW_GROUP == 0 for n in (*rows.values(), *parts))
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector)
 
@@ -439,13 +439,13 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
 
 
 def runnable_blocks(w: np.ndarray, ggml_type: int, as_int8: bool = True, group: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """GGUF blocks (uint8 rows) as the kernels run them, (w, s). Q8_0 is split (unless as_int8 is
-    False) into int8 levels and float16 scales, minillm's int8 layout: the same weights, which meet
-    int16 activations in one vpmaddwd per block (1.2B shape decode ~1.9x the Q8_0 blocks read in
-    place). Q4_0, Q4_K and Q6_K in whole groups of 16 rows are regrouped (kernels.row_groups; unless
-    `group` is False): the same bytes, interleaved so that integer dot products take 16 rows at
-    once (Q4_0 matrices ~3x faster at decode). The other formats stay as stored, their `s`
-    naming the ggml type."""
+    """GGUF blocks (uint8 rows) as the kernels run them, (w, s). Q4_0, Q8_0, Q4_K and Q6_K in whole
+    groups of 16 rows are regrouped (kernels.row_groups; unless `group` is False): the same
+    bytes, interleaved so that integer dot products take 16 rows at once (Q4_0 matrices ~3x
+    faster at decode). A Q8_0 matrix left is split (unless as_int8 is False) into int8 levels and
+    float16 scales, minillm's int8 layout: the same weights, which meet int16 activations in one
+    vpmaddwd per block (1.2B shape decode ~1.9x the Q8_0 blocks read in place). The other
+    formats stay as stored, their `s` naming the ggml type."""
     import kernels as K
 
     from .cache import release_pages

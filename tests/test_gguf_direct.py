@@ -1,7 +1,8 @@
 """GGUF files run as stored (`--model FILE.gguf`): every block format gives, bit for bit, the
-logits of the same file imported (dequantized) and run at float32 (Q8_0: at int8, the layout it
-runs in; Q4_0, Q4_K and Q6_K, regrouped for integer products: within 16-bit activations' error); decode,
-batched decode and prefill agree; `--dtype q4_0` quantizes a checkpoint as llama.cpp's Q4_0 does."""
+logits of the same file imported (dequantized) and run at float32, but Q4_0, Q8_0, Q4_K and Q6_K
+regrouped for integer products (kernels.row_groups), which come within 16-bit activations'
+error; decode, batched decode and prefill agree; `--dtype q4_0` quantizes a checkpoint as
+llama.cpp's Q4_0 does."""
 
 import json
 import subprocess
@@ -34,13 +35,14 @@ def mixture(name):
 
 def v_at_q8_0(name):
     """As llama.cpp's Q4_K_M makes the default model (rows of 576 are not whole 256s): V in Q8_0
-    (run as int8) beside Q, K and the rest in Q5_0, so one input meets two precisions."""
+    (grouped: integer products) beside Q, K and the rest in Q5_0, so one input meets two kinds of
+    products."""
     return QT.Q8_0 if name.endswith("attn_v.weight") else QT.Q5_0
 
 
 def v_mixed_layers(name):
     """V in Q8_0 in one layer and Q5_0 in the other (llama.cpp's Q4_K_M does this): the decode
-    kernel takes each kind of matrix at one precision, so this Q8_0 stays as stored."""
+    kernel takes each kind of matrix at one dtype; both are block rows, one grouped, one not."""
     return QT.Q8_0 if name == "blk.0.attn_v.weight" else QT.Q5_0
 
 
@@ -61,7 +63,7 @@ CASES = {
 }
 
 
-GROUPED_CASES = ("q4_0", "q4_k", "q6_k", "mixture")  # with Q4_0, Q4_K or Q6_K matrices in whole groups of 16 rows
+GROUPED_CASES = ("q4_0", "q8_0", "q4_k", "q6_k", "mixture", "v_at_q8_0", "v_mixed_layers")  # with Q4_0, Q8_0, Q4_K or Q6_K matrices in whole groups of 16 rows
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -77,9 +79,8 @@ def gguf_case(request, tmp_path_factory):
 def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     case, path, imported = gguf_case
     direct = Model.load(path)
-    # an all-BF16 file runs on the bfloat16 kernels: what its import gives at bfloat16; Q8_0
-    # matrices run as minillm's int8 (the same levels and scales): what the import gives at int8
-    exact = Model.load(imported, dtype={"bf16": "bfloat16", "q8_0": "int8"}.get(case, "float32"))
+    # an all-BF16 file runs on the bfloat16 kernels: what its import gives at bfloat16
+    exact = Model.load(imported, dtype={"bf16": "bfloat16"}.get(case, "float32"))
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
     reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
@@ -96,10 +97,7 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
         assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
         return
     np.testing.assert_array_equal(ours, reference)
-    if exact.dtype == "int8":
-        assert direct.weights.nbytes == exact.weights.nbytes
-    else:
-        assert direct.weights.nbytes < 0.75 * exact.weights.nbytes or case in ("f16", "bf16")
+    assert direct.weights.nbytes < 0.75 * exact.weights.nbytes or case in ("f16", "bf16")
 
 
 def test_stored_formats_decode_and_batch_as_they_prefill(gguf_case):

@@ -9,9 +9,9 @@ from numba import njit
 
 import kernels.row_groups as KQ
 from gguf_tiny import random_blocks
-from kernels.blocks import Q4_0, Q4_K, Q6_K
+from kernels.blocks import Q4_0, Q4_K, Q6_K, Q8_0
 
-FORMATS = [Q4_0, Q4_K, Q6_K]
+FORMATS = [Q4_0, Q8_0, Q4_K, Q6_K]
 
 
 @njit(cache=True)
@@ -37,6 +37,10 @@ def levels_and_scales(fmt, q, cols):
         qs = blocks[:, :, 2:].astype(np.int64)
         d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
         return np.concatenate([qs & 15, qs >> 4], axis=2) - 8, d, np.zeros_like(d)
+    if fmt == Q8_0:
+        blocks = q.reshape(N, cols // 32, 34)
+        d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        return blocks[:, :, 2:].view(np.int8).astype(np.int64), d, np.zeros_like(d)
     f32 = lambda h: h.view(np.float16).astype(np.float32)[..., None]
     if fmt == Q4_K:
         levels, sc, mn, d, dmin = KQ.q4_k_parts(q)
