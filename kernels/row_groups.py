@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal
 from .cpu import host_features
@@ -206,88 +206,111 @@ def _broadcast4(b, p, off):
     return b.bitcast(b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES)), BYTES64)
 
 
-@intrinsic(prefer_literal=True)
-def q4_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
-    """out[t + j, col + 16 g + r] = row 16 g + r of Q4_0_R16 weights w . token t + j, for the 16
-    rows of group g and G tokens (G a compile-time constant) of quantize_split's xo, xs."""
-    ng = _literal(G)
-    if not ng or out.dtype != types.float32 or out.layout != "C":
-        return None
-    sig = types.void(out, col, w, g, xo, xs, t, G)
+def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
+    """An intrinsic tile(out, col, w, g, xo, xs, t, G) over a grouped layout: out[t + j, col +
+    16 g + r] = row 16 g + r of w . token t + j, for the 16 rows of group g and G tokens (G a
+    compile-time constant) of quantize_split's xo, xs. The group is read in steps of step_bytes
+    (step_weights weights of each row); step(b, bp, k, tokens, totals) adds step k (at bp) to
+    each token's 16 totals. tokens: per token, (its lo bytes, its hi bytes, its xs row)."""
 
-    def codegen(context, builder, signature, args):
-        b = builder
-        oty, _, wty, _, xoty, xsty, _, _ = signature.args
-        oarr = context.make_array(oty)(context, b, args[0])
-        warr = context.make_array(wty)(context, b, args[2])
-        xoarr = context.make_array(xoty)(context, b, args[4])
-        xsarr = context.make_array(xsty)(context, b, args[5])
-        row_bytes = b.extract_value(warr.shape, 1)
-        blocks = b.sdiv(row_bytes, I64(Q4_0_BYTES))
-        K = b.mul(blocks, I64(QBLOCK))
-        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
-        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
-        act = b.bitcast(xoarr.data, I8.as_pointer())
-        xs_width = b.extract_value(xsarr.shape, 1)
-        tokens = []
-        for j in range(ng):
-            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
-            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
-        mask = ir.Constant(BYTES64, [15] * 64)
-        four = ir.Constant(BYTES64, [4] * 64)
-        eight = ir.Constant(I32_VEC, [8] * LANES)
+    def typer(typingctx, out, col, w, g, xo, xs, t, G):
+        ng = _literal(G)
+        if not ng or out.dtype != types.float32 or out.layout != "C":
+            return None
+        sig = types.void(out, col, w, g, xo, xs, t, G)
 
-        def body(k, totals):
-            bp = b.gep(group, [b.mul(k, I64(GROUP_BLOCK_BYTES))], source_etype=I8)
-            halves = b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1)
-            dw = b.fpext(halves, VEC)
-            low, high = [], []
-            for o in range(4):
-                words = b.load(b.bitcast(b.gep(bp, [I64(32 + 64 * o)], source_etype=I8), BYTES64.as_pointer()), align=1)
-                low.append(b.and_(words, mask))
-                high.append(b.and_(b.lshr(words, four), mask))
-            e = b.mul(k, I64(QBLOCK))
-            out_totals = []
-            for (plo, phi, ps), total in zip(tokens, totals):
-                pair = b.gep(ps, [b.mul(k, I64(PER_BLOCK))], source_etype=F32)
-                corr = b.mul(b.add(_word_at(b, pair, 1), _word_at(b, pair, 2)), I32(-8))  # levels are q + 8
-                corr_v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
-                sums = []
-                for p, init in ((phi, ir.Constant(I32_VEC, [0] * LANES)), (plo, b.shuffle_vector(corr_v, corr_v, ir.Constant(I32_VEC, [0] * LANES)))):
-                    acc = init
-                    for o in range(4):
-                        acc = _dpbusd(b, acc, low[o], _broadcast4(b, p, b.add(e, I64(4 * o))))
-                        acc = _dpbusd(b, acc, high[o], _broadcast4(b, p, b.add(e, I64(16 + 4 * o))))
-                    sums.append(acc)
-                exact = b.add(b.shl(sums[0], eight), sums[1])
-                scale = b.fmul(dw, splat(b, b.load(pair, align=4)))
-                out_totals.append(fma_vec(b, b.sitofp(exact, VEC), scale, total))
-            return out_totals
+        def codegen(context, builder, signature, args):
+            b = builder
+            oty, _, wty, _, xoty, xsty, _, _ = signature.args
+            oarr = context.make_array(oty)(context, b, args[0])
+            warr = context.make_array(wty)(context, b, args[2])
+            xoarr = context.make_array(xoty)(context, b, args[4])
+            xsarr = context.make_array(xsty)(context, b, args[5])
+            row_bytes = b.extract_value(warr.shape, 1)
+            steps = b.sdiv(row_bytes, I64(step_bytes // GROUP))
+            K = b.mul(steps, I64(step_weights))
+            gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
+            group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
+            act = b.bitcast(xoarr.data, I8.as_pointer())
+            xs_width = b.extract_value(xsarr.shape, 1)
+            tokens = []
+            for j in range(ng):
+                lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
+                tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
 
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        totals = loop(b, I64(0), blocks, 1, [zero] * ng, body)
-        width = b.extract_value(oarr.shape, 1)
-        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
-        for j, total in enumerate(totals):
-            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
-            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
-        return context.get_dummy_value()
+            def body(k, totals):
+                return step(b, b.gep(group, [b.mul(k, I64(step_bytes))], source_etype=I8), k, tokens, list(totals))
 
-    return sig, codegen
+            totals = loop(b, I64(0), steps, 1, [ir.Constant(VEC, [0.0] * LANES)] * ng, body)
+            width = b.extract_value(oarr.shape, 1)
+            first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
+            for j, total in enumerate(totals):
+                dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
+                b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__doc__ = doc
+    return intrinsic(prefer_literal=True)(typer)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def q4_r16_rows(out, col, w, g, xo, xs):
-    """out[t, col + 16 g ..] for group g's 16 rows and every token of xo: tiles of 4 tokens (each
-    block's levels unpacked once for them), then one at a time."""
-    T = xo.shape[0]
-    t = 0
-    while t + 4 <= T:
-        q4_r16_tile(out, col, w, g, xo, xs, t, 4)
-        t += 4
-    while t < T:
-        q4_r16_tile(out, col, w, g, xo, xs, t, 1)
-        t += 1
+def _exact_sums(b, token, e, parts, corr=None):
+    """The exact integer sums, per row lane, of levels times a token's int16 activations: parts
+    are (64 x u8 levels, offset from e of their first weight), each level lane meeting the 4
+    activations from there; the high bytes' chain shifted by 8 onto the low bytes' (which starts
+    at corr, an i32, or 0)."""
+    plo, phi, _ = token
+    zero = ir.Constant(I32_VEC, [0] * LANES)
+    sums = []
+    for p in (phi, plo):
+        acc = zero
+        if p is plo and corr is not None:
+            v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
+            acc = b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
+        for levels, off in parts:
+            acc = _dpbusd(b, acc, levels, _broadcast4(b, p, b.add(e, I64(off))))
+        sums.append(acc)
+    return b.add(b.shl(sums[0], ir.Constant(I32_VEC, [8] * LANES)), sums[1])
+
+
+def _row_halves(b, bp, off):
+    """The 16 float16 at bp + off (one per row), as float32."""
+    return b.fpext(b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1), VEC)
+
+
+def _word64(b, bp, off):
+    return b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), BYTES64.as_pointer()), align=1)
+
+
+def _nibbles(b, words):
+    """A word's low and high nibbles, each as 64 x u8."""
+    mask = ir.Constant(BYTES64, [15] * 64)
+    return b.and_(words, mask), b.and_(b.lshr(words, ir.Constant(BYTES64, [4] * 64)), mask)
+
+
+def _block_words(b, ps, block):
+    """Pointer to quantize_split's words of a block (scale, then the two sums of 16)."""
+    return b.gep(ps, [b.mul(block, I64(PER_BLOCK))], source_etype=F32)
+
+
+def _q4_step(b, bp, k, tokens, totals):
+    """One block of 32 for the 16 rows: levels q + 8, so the sums subtract 8 sum(x16)."""
+    dw = _row_halves(b, bp, 0)
+    parts = []
+    for o in range(4):
+        low, high = _nibbles(b, _word64(b, bp, 32 + 64 * o))
+        parts += [(low, 4 * o), (high, 16 + 4 * o)]
+    e = b.mul(k, I64(QBLOCK))
+    for j, token in enumerate(tokens):
+        pw = _block_words(b, token[2], k)
+        corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-8))
+        exact = _exact_sums(b, token, e, parts, corr)
+        totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
+    return totals
+
+
+q4_r16_tile = _group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile).")
 
 
 # ---------------------------------------------------------------- Q8_0
@@ -325,78 +348,20 @@ def q8_r16_row_get(w, n, out):
                 out[QBLOCK * k + 4 * o + j] = d * np.float32(np.int32(flat[at + 32 + 64 * o + 4 * r + j]) - 128)
 
 
-@intrinsic(prefer_literal=True)
-def q8_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
-    """As q4_r16_tile, for Q8_0_R16 weights (levels + 128, so the sums subtract 128 sum(x16))."""
-    ng = _literal(G)
-    if not ng or out.dtype != types.float32 or out.layout != "C":
-        return None
-    sig = types.void(out, col, w, g, xo, xs, t, G)
-
-    def codegen(context, builder, signature, args):
-        b = builder
-        oty, _, wty, _, xoty, xsty, _, _ = signature.args
-        oarr = context.make_array(oty)(context, b, args[0])
-        warr = context.make_array(wty)(context, b, args[2])
-        xoarr = context.make_array(xoty)(context, b, args[4])
-        xsarr = context.make_array(xsty)(context, b, args[5])
-        row_bytes = b.extract_value(warr.shape, 1)
-        blocks = b.sdiv(row_bytes, I64(Q8_0_BYTES))
-        K = b.mul(blocks, I64(QBLOCK))
-        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
-        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
-        act = b.bitcast(xoarr.data, I8.as_pointer())
-        xs_width = b.extract_value(xsarr.shape, 1)
-        tokens = []
-        for j in range(ng):
-            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
-            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
-        eight = ir.Constant(I32_VEC, [8] * LANES)
-
-        def body(k, totals):
-            bp = b.gep(group, [b.mul(k, I64(Q8_0_GROUP_BYTES))], source_etype=I8)
-            dw = b.fpext(b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1), VEC)
-            words = [b.load(b.bitcast(b.gep(bp, [I64(32 + 64 * o)], source_etype=I8), BYTES64.as_pointer()), align=1) for o in range(8)]
-            e = b.mul(k, I64(QBLOCK))
-            out_totals = []
-            for (plo, phi, ps), total in zip(tokens, totals):
-                pw = b.gep(ps, [b.mul(k, I64(PER_BLOCK))], source_etype=F32)
-                corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-128))  # levels are q + 128
-                corr_v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
-                sums = []
-                for p, init in ((phi, ir.Constant(I32_VEC, [0] * LANES)), (plo, b.shuffle_vector(corr_v, corr_v, ir.Constant(I32_VEC, [0] * LANES)))):
-                    acc = init
-                    for o in range(8):
-                        acc = _dpbusd(b, acc, words[o], _broadcast4(b, p, b.add(e, I64(4 * o))))
-                    sums.append(acc)
-                exact = b.add(b.shl(sums[0], eight), sums[1])
-                scale = b.fmul(dw, splat(b, b.load(pw, align=4)))
-                out_totals.append(fma_vec(b, b.sitofp(exact, VEC), scale, total))
-            return out_totals
-
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        totals = loop(b, I64(0), blocks, 1, [zero] * ng, body)
-        width = b.extract_value(oarr.shape, 1)
-        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
-        for j, total in enumerate(totals):
-            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
-            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+def _q8_step(b, bp, k, tokens, totals):
+    """One block of 32 for the 16 rows: levels q + 128, so the sums subtract 128 sum(x16)."""
+    dw = _row_halves(b, bp, 0)
+    parts = [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)]
+    e = b.mul(k, I64(QBLOCK))
+    for j, token in enumerate(tokens):
+        pw = _block_words(b, token[2], k)
+        corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-128))
+        exact = _exact_sums(b, token, e, parts, corr)
+        totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
+    return totals
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def q8_r16_rows(out, col, w, g, xo, xs):
-    """q4_r16_rows for Q8_0_R16 weights."""
-    T = xo.shape[0]
-    t = 0
-    while t + 4 <= T:
-        q8_r16_tile(out, col, w, g, xo, xs, t, 4)
-        t += 4
-    while t < T:
-        q8_r16_tile(out, col, w, g, xo, xs, t, 1)
-        t += 1
+q8_r16_tile = _group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile).")
 
 
 # ---------------------------------------------------------------- Q6_K
@@ -461,89 +426,28 @@ def q6_r16_row_get(w, n, out):
                     out[256 * sb + 16 * sub + 4 * i + j] = scale * np.float32(level - 32)
 
 
-@intrinsic(prefer_literal=True)
-def q6_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
-    """As q4_r16_tile, for Q6_K_R16 weights: per sub-block of 16, the exact integer sum of the
-    products (levels - 32 by subtracting 32 sum(x16)), then total = fma(float(sum), d * scale *
-    activation scale, total), sub-blocks in order."""
-    ng = _literal(G)
-    if not ng or out.dtype != types.float32 or out.layout != "C":
-        return None
-    sig = types.void(out, col, w, g, xo, xs, t, G)
-
-    def codegen(context, builder, signature, args):
-        b = builder
-        oty, _, wty, _, xoty, xsty, _, _ = signature.args
-        oarr = context.make_array(oty)(context, b, args[0])
-        warr = context.make_array(wty)(context, b, args[2])
-        xoarr = context.make_array(xoty)(context, b, args[4])
-        xsarr = context.make_array(xsty)(context, b, args[5])
-        row_bytes = b.extract_value(warr.shape, 1)
-        supers = b.sdiv(row_bytes, I64(Q6_K_BYTES))
-        K = b.mul(supers, I64(256))
-        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
-        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
-        act = b.bitcast(xoarr.data, I8.as_pointer())
-        xs_width = b.extract_value(xsarr.shape, 1)
-        tokens = []
-        for j in range(ng):
-            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
-            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
-        c = lambda v: ir.Constant(BYTES64, [v] * 64)
-        eight = ir.Constant(I32_VEC, [8] * LANES)
-        sc_type = ir.VectorType(I8, LANES)
-
-        def body(k, totals):
-            bp = b.gep(group, [b.mul(k, I64(Q6_K_GROUP_BYTES))], source_etype=I8)
-            d = b.fpext(b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1), VEC)
-            totals = list(totals)
-            for sub in range(16):
-                sc = b.load(b.bitcast(b.gep(bp, [I64(32 + 16 * sub)], source_etype=I8), sc_type.as_pointer()), align=1)
-                row_scale = b.fmul(d, b.sitofp(b.sext(sc, I32_VEC), VEC))  # exact: 11 x 8 bits
-                wa, wb, wc = (b.load(b.bitcast(b.gep(bp, [I64(Q6_K_WORDS_AT + 192 * sub + 64 * x)], source_etype=I8), BYTES64.as_pointer()), align=1) for x in range(3))
-                low = [b.and_(wa, c(15)), b.lshr(wa, c(4)), b.and_(wb, c(15)), b.lshr(wb, c(4))]
-                high = [b.and_(b.shl(wc, c(4)), c(0x30)), b.and_(b.shl(wc, c(2)), c(0x30)), b.and_(wc, c(0x30)), b.and_(b.lshr(wc, c(2)), c(0x30))]
-                levels = [b.or_(lv, hv) for lv, hv in zip(low, high)]
-                e = b.add(b.mul(k, I64(256)), I64(16 * sub))  # first weight of the sub-block
-                words = b.add(b.mul(k, I64(8 * PER_BLOCK)), I64(PER_BLOCK * (sub // 2)))  # its block's scale
-                for j, (plo, phi, ps) in enumerate(tokens):
-                    pw = b.gep(ps, [words], source_etype=F32)
-                    corr = b.mul(_word_at(b, pw, 1 + sub % 2), I32(-32))  # levels are q + 32
-                    corr_v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
-                    sums = []
-                    for p, init in ((phi, ir.Constant(I32_VEC, [0] * LANES)), (plo, b.shuffle_vector(corr_v, corr_v, ir.Constant(I32_VEC, [0] * LANES)))):
-                        acc = init
-                        for i in range(4):
-                            acc = _dpbusd(b, acc, levels[i], _broadcast4(b, p, b.add(e, I64(4 * i))))
-                        sums.append(acc)
-                    exact = b.add(b.shl(sums[0], eight), sums[1])
-                    scale = b.fmul(row_scale, splat(b, b.load(pw, align=4)))
-                    totals[j] = fma_vec(b, b.sitofp(exact, VEC), scale, totals[j])
-            return totals
-
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        totals = loop(b, I64(0), supers, 1, [zero] * ng, body)
-        width = b.extract_value(oarr.shape, 1)
-        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
-        for j, total in enumerate(totals):
-            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
-            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+def _q6_step(b, bp, k, tokens, totals):
+    """One super-block of 256 for the 16 rows: per sub-block of 16, levels q + 32 (the sums
+    subtract 32 sum(x16)), scaled by d * its scale * the activations' block scale."""
+    d = _row_halves(b, bp, 0)
+    c = lambda v: ir.Constant(BYTES64, [v] * 64)
+    for sub in range(16):
+        sc = b.load(b.bitcast(b.gep(bp, [I64(32 + 16 * sub)], source_etype=I8), ir.VectorType(I8, LANES).as_pointer()), align=1)
+        row_scale = b.fmul(d, b.sitofp(b.sext(sc, I32_VEC), VEC))  # exact: 11 x 8 bits
+        wa, wb, wc = (_word64(b, bp, Q6_K_WORDS_AT + 192 * sub + 64 * x) for x in range(3))
+        low = [b.and_(wa, c(15)), b.lshr(wa, c(4)), b.and_(wb, c(15)), b.lshr(wb, c(4))]
+        high = [b.and_(b.shl(wc, c(4)), c(0x30)), b.and_(b.shl(wc, c(2)), c(0x30)), b.and_(wc, c(0x30)), b.and_(b.lshr(wc, c(2)), c(0x30))]
+        parts = [(b.or_(lv, hv), 4 * i) for i, (lv, hv) in enumerate(zip(low, high))]
+        e = b.add(b.mul(k, I64(256)), I64(16 * sub))
+        block = b.add(b.mul(k, I64(8)), I64(sub // 2))
+        for j, token in enumerate(tokens):
+            pw = _block_words(b, token[2], block)
+            exact = _exact_sums(b, token, e, parts, b.mul(_word_at(b, pw, 1 + sub % 2), I32(-32)))
+            totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(row_scale, splat(b, b.load(pw, align=4))), totals[j])
+    return totals
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def q6_r16_rows(out, col, w, g, xo, xs):
-    """q4_r16_rows for Q6_K_R16 weights."""
-    T = xo.shape[0]
-    t = 0
-    while t + 4 <= T:
-        q6_r16_tile(out, col, w, g, xo, xs, t, 4)
-        t += 4
-    while t < T:
-        q6_r16_tile(out, col, w, g, xo, xs, t, 1)
-        t += 1
+q6_r16_tile = _group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of group g . G tokens (_group_tile).")
 
 
 # ---------------------------------------------------------------- Q4_K
@@ -611,113 +515,74 @@ def qk_r16_row_get(w, n, out):
                     out[256 * sb + 32 * sub + 16 + 4 * o + j] = ds * np.float32(byte >> 4) - dm
 
 
-@intrinsic(prefer_literal=True)
-def qk_r16_tile(typingctx, out, col, w, g, xo, xs, t, G):
-    """As q4_r16_tile, for Q4_K_R16 weights: per sub-block of 32, the exact integer sum of the
-    products of levels, then total = fma(float(sum), d * scale * activation scale, total) and
-    total = fma(float(sum of x16), -(dmin * minimum * activation scale), total), in order."""
-    ng = _literal(G)
-    if not ng or out.dtype != types.float32 or out.layout != "C":
-        return None
-    sig = types.void(out, col, w, g, xo, xs, t, G)
-
-    def codegen(context, builder, signature, args):
-        b = builder
-        oty, _, wty, _, xoty, xsty, _, _ = signature.args
-        oarr = context.make_array(oty)(context, b, args[0])
-        warr = context.make_array(wty)(context, b, args[2])
-        xoarr = context.make_array(xoty)(context, b, args[4])
-        xsarr = context.make_array(xsty)(context, b, args[5])
-        row_bytes = b.extract_value(warr.shape, 1)
-        supers = b.sdiv(row_bytes, I64(Q4_K_ROW_BYTES))
-        K = b.mul(supers, I64(256))
-        gi, t0 = as_i64(b, args[3], None), as_i64(b, args[6], None)
-        group = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.mul(gi, b.mul(row_bytes, I64(GROUP)))], source_etype=I8)
-        act = b.bitcast(xoarr.data, I8.as_pointer())
-        xs_width = b.extract_value(xsarr.shape, 1)
-        tokens = []
-        for j in range(ng):
-            lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
-            tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
-        mask, four = ir.Constant(BYTES64, [15] * 64), ir.Constant(BYTES64, [4] * 64)
-        eight = ir.Constant(I32_VEC, [8] * LANES)
-        zero_i = ir.Constant(I32_VEC, [0] * LANES)
-        u8x16 = ir.VectorType(I8, LANES)
-        half16 = ir.VectorType(ir.HalfType(), LANES)
-
-        def row_floats(bp, off, typ):
-            v = b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), typ.as_pointer()), align=1)
-            return b.fpext(v, VEC) if typ is half16 else b.uitofp(b.zext(v, I32_VEC), VEC)
-
-        def body(k, totals):
-            bp = b.gep(group, [b.mul(k, I64(Q4_K_GROUP_BYTES))], source_etype=I8)
-            d, dmin = row_floats(bp, 0, half16), row_floats(bp, 32, half16)
-            totals = list(totals)
-            for sub in range(8):
-                ds = b.fmul(d, row_floats(bp, 64 + 16 * sub, u8x16))  # exact: 11 x 6 bits
-                dm = b.fmul(dmin, row_floats(bp, 192 + 16 * sub, u8x16))
-                low, high = [], []
-                for o in range(4):
-                    words = b.load(b.bitcast(b.gep(bp, [I64(Q4_K_WORDS_AT + 256 * sub + 64 * o)], source_etype=I8), BYTES64.as_pointer()), align=1)
-                    low.append(b.and_(words, mask))
-                    high.append(b.and_(b.lshr(words, four), mask))
-                e = b.add(b.mul(k, I64(256)), I64(32 * sub))
-                words_at = b.add(b.mul(k, I64(8 * PER_BLOCK)), I64(PER_BLOCK * sub))
-                for j, (plo, phi, ps) in enumerate(tokens):
-                    pw = b.gep(ps, [words_at], source_etype=F32)
-                    sums = []
-                    for p in (phi, plo):
-                        acc = zero_i
-                        for o in range(4):
-                            acc = _dpbusd(b, acc, low[o], _broadcast4(b, p, b.add(e, I64(4 * o))))
-                            acc = _dpbusd(b, acc, high[o], _broadcast4(b, p, b.add(e, I64(16 + 4 * o))))
-                        sums.append(acc)
-                    exact = b.add(b.shl(sums[0], eight), sums[1])
-                    da = splat(b, b.load(pw, align=4))
-                    x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
-                    total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])
-                    totals[j] = fma_vec(b, splat(b, x_sum), b.fneg(b.fmul(dm, da)), total)
-            return totals
-
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        totals = loop(b, I64(0), supers, 1, [zero] * ng, body)
-        width = b.extract_value(oarr.shape, 1)
-        first = b.add(as_i64(b, args[1], None), b.mul(gi, I64(GROUP)))
-        for j, total in enumerate(totals):
-            dst = b.gep(oarr.data, [b.add(b.mul(b.add(t0, I64(j)), width), first)], source_etype=F32)
-            b.store(total, b.bitcast(dst, VEC.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+def _qk_step(b, bp, k, tokens, totals):
+    """One super-block of 256 for the 16 rows: per sub-block of 32, total = fma(float(sum of
+    level x16), d * scale * activation scale, total), then fma(float(sum of x16), -(dmin *
+    minimum * activation scale), total)."""
+    d, dmin = _row_halves(b, bp, 0), _row_halves(b, bp, 32)
+    u8x16 = ir.VectorType(I8, LANES)
+    bytes_at = lambda off: b.uitofp(b.zext(b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), u8x16.as_pointer()), align=1), I32_VEC), VEC)
+    for sub in range(8):
+        ds, dm = b.fmul(d, bytes_at(64 + 16 * sub)), b.fmul(dmin, bytes_at(192 + 16 * sub))  # exact: 11 x 6 bits
+        parts = []
+        for o in range(4):
+            low, high = _nibbles(b, _word64(b, bp, Q4_K_WORDS_AT + 256 * sub + 64 * o))
+            parts += [(low, 4 * o), (high, 16 + 4 * o)]
+        e = b.add(b.mul(k, I64(256)), I64(32 * sub))
+        block = b.add(b.mul(k, I64(8)), I64(sub))
+        for j, token in enumerate(tokens):
+            pw = _block_words(b, token[2], block)
+            exact = _exact_sums(b, token, e, parts)
+            da = splat(b, b.load(pw, align=4))
+            x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
+            total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])
+            totals[j] = fma_vec(b, splat(b, x_sum), b.fneg(b.fmul(dm, da)), total)
+    return totals
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def qk_r16_rows(out, col, w, g, xo, xs):
-    """q4_r16_rows for Q4_K_R16 weights."""
-    T = xo.shape[0]
-    t = 0
-    while t + 4 <= T:
-        qk_r16_tile(out, col, w, g, xo, xs, t, 4)
-        t += 4
-    while t < T:
-        qk_r16_tile(out, col, w, g, xo, xs, t, 1)
-        t += 1
+qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile).")
 
 
 # ---------------------------------------------------------------- either layout, by `s`
 
 
+def _grouped_tile(fmt, out, col, w, g, xo, xs, t, G):
+    """The tile of grouped layout fmt for G tokens (G a compile-time constant)."""
+    raise NotImplementedError
+
+
+@overload(_grouped_tile, prefer_literal=True, jit_options={"fastmath": EXACT_MATH}, inline="always")
+def _grouped_tile_impl(fmt, out, col, w, g, xo, xs, t, G):
+    n = _literal(G)
+    if not n:
+        return None
+
+    def tile(fmt, out, col, w, g, xo, xs, t, G):
+        if fmt == Q4_0_R16:
+            q4_r16_tile(out, col, w, g, xo, xs, t, n)
+        elif fmt == Q8_0_R16:
+            q8_r16_tile(out, col, w, g, xo, xs, t, n)
+        elif fmt == Q4_K_R16:
+            qk_r16_tile(out, col, w, g, xo, xs, t, n)
+        else:
+            q6_r16_tile(out, col, w, g, xo, xs, t, n)
+
+    return tile
+
+
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def grouped_rows(fmt, out, col, w, g, xo, xs):
-    """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout)."""
-    if fmt == Q4_0_R16:
-        q4_r16_rows(out, col, w, g, xo, xs)
-    elif fmt == Q8_0_R16:
-        q8_r16_rows(out, col, w, g, xo, xs)
-    elif fmt == Q4_K_R16:
-        qk_r16_rows(out, col, w, g, xo, xs)
-    else:
-        q6_r16_rows(out, col, w, g, xo, xs)
+    """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout) and every
+    token of xo: tiles of 4 tokens (each step's levels unpacked once for them), then one at a
+    time."""
+    T = xo.shape[0]
+    t = 0
+    while t + 4 <= T:
+        _grouped_tile(fmt, out, col, w, g, xo, xs, t, 4)
+        t += 4
+    while t < T:
+        _grouped_tile(fmt, out, col, w, g, xo, xs, t, 1)
+        t += 1
 
 
 @njit(fastmath=EXACT_MATH, cache=True)
