@@ -5,7 +5,8 @@ reference in tests/test_kernels.py. Shapes: T tokens, H hidden, K/N matmul in/ou
 query/KV heads, hd head dim, ctx cache length. Weight matrices come at any precision of
 `quant` (float32, bfloat16 bits, int8 blocks + scales) or as GGUF blocks (`blocks`); sums are float32, and so are
 activations, except that they are rounded to bfloat16 where they meet bfloat16 weights and
-quantized to int16 per block of 32 where they meet int8 weights.
+quantized to int16 per block of 32 where they meet int8 weights or GGUF blocks regrouped for
+integer products (`row_groups`).
 """
 
 from .activation_prep import quantize_activations

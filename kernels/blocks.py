@@ -7,9 +7,11 @@ the matrix's `s` holds its ggml type (kernels.quant.block_format).
 Each block is read once and dequantized in registers, 16 weights at a time, with exactly the
 roundings of gguf-py's `dequantize` (d * q, then + m or - dmin * m as separate operations, never
 fused), and meets float32 activations in the float32 path's fixed-order sum: one accumulator of
-16 lanes, a fused multiply-add per chunk of 16, the one reduction tree (ir_blocks). So a GGUF run
-gives, bit for bit, the logits of the same file dequantized to float32 and run at float32; and
-decode, batched decode and prefill agree to the bit, whatever the tile.
+16 lanes, a fused multiply-add per chunk of 16, the one reduction tree (ir_blocks). So these
+matrices give, bit for bit, the sums of the same file dequantized to float32 and run at float32;
+and decode, batched decode and prefill agree to the bit, whatever the tile. (Q4_0, Q8_0, Q4_K and
+Q6_K matrices in whole groups of 16 rows are regrouped at load and run on integer products
+instead: kernels.row_groups.)
 
 A tile of R rows x G tokens dequantizes each row's chunk once for its G tokens: batched decode
 and prefill pay for the unpacking once per row, not once per sequence.

@@ -86,7 +86,7 @@ def _prepare_rows_by_format(w, s, xo, xs, x):
 def _prepared_alike(w1, s1, w2, s2):
     """Whether activations prepared for w1's rows serve w2's: matrices reading one input (Q | K | V,
     gate | up) may come at different precisions in a GGUF file (a Q4_K_M file of the default
-    model: Q and K in Q5_0, V in Q8_0, which runs as int8)."""
+    model: Q and K in Q5_0, V in Q8_0, which runs grouped: kernels.row_groups)."""
     raise NotImplementedError
 
 

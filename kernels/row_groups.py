@@ -182,10 +182,13 @@ def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
 # ---------------------------------------------------------------- products
 
 
-def _dpbusd(b, acc, u, s):
+def _dpbusd(b, acc, u, s, native=None):
     """acc (16 x i32) + the sums of 4 products u * s (64 x i8: u unsigned, s signed) per lane:
-    vpdpbusd with AVX-512 VNNI, else the same exact integer sums in plain vectors."""
-    if "avx512vnni" in host_features():
+    vpdpbusd with AVX-512 VNNI (native None: when this CPU has it), else the same exact integer
+    sums in plain vectors."""
+    if native is None:
+        native = "avx512vnni" in host_features()
+    if native:
         fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32_VEC, [I32_VEC, BYTES64, BYTES64]), "llvm.x86.avx512.vpdpbusd.512")
         return b.call(fn, [acc, u, s])
     wide = ir.VectorType(I32, 64)

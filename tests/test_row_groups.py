@@ -147,3 +147,38 @@ def test_a_nan_activation_reaches_its_outputs_only(fmt):
     out = np.zeros((2, 16), np.float32)
     KQ.grouped_matmul(out, x, g, layout)
     assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_both_ways_of_summing_bytes_are_exact(native):
+    """vpdpbusd, and the plain vectors written for CPUs without AVX-512 VNNI, give the exact sums."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    if native and "avx512vnni" not in KQ.host_features():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+
+    @intrinsic
+    def dot(typingctx, acc, u, s):
+        def codegen(context, b, signature, args):
+            ptrs = [context.make_array(t)(context, b, a).data for t, a in zip(signature.args, args)]
+            load = lambda p, ty: b.load(b.bitcast(p, ty.as_pointer()), align=1)
+            pa = b.bitcast(ptrs[0], KQ.I32_VEC.as_pointer())
+            total = KQ._dpbusd(b, load(ptrs[0], KQ.I32_VEC), load(ptrs[1], KQ.BYTES64), load(ptrs[2], KQ.BYTES64), native=native)
+            b.store(total, pa, align=1)
+            return context.get_dummy_value()
+
+        return types.void(acc, u, s), codegen
+
+    @njit
+    def run(acc, u, s):
+        dot(acc, u, s)
+
+    rng = np.random.default_rng(3)
+    acc = rng.integers(-(2**20), 2**20, 16).astype(np.int32)
+    u, s = rng.integers(0, 256, 64).astype(np.uint8), rng.integers(-128, 128, 64).astype(np.int8)
+    u[:4], s[:4] = 255, -128  # the extremes
+    want = acc + (u.astype(np.int64) * s).reshape(16, 4).sum(1)
+    run(acc, u, s)
+    np.testing.assert_array_equal(acc, want)
