@@ -113,7 +113,7 @@ def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
     N, row_bytes = w.shape
     flat = w.reshape(N * row_bytes)
-    g, r = divmod(n, GROUP)
+    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
     base = g * GROUP * row_bytes
     for k in range(row_bytes // Q4_0_BYTES):
         at = base + k * GROUP_BLOCK_BYTES
@@ -342,7 +342,7 @@ def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
     N, row_bytes = w.shape
     flat = w.reshape(N * row_bytes)
-    g, r = divmod(n, GROUP)
+    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
     for k in range(row_bytes // Q8_0_BYTES):
         at = g * GROUP * row_bytes + k * Q8_0_GROUP_BYTES
         d = _f16_at(flat, at + 2 * r)
@@ -414,7 +414,7 @@ def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
     N, row_bytes = w.shape
     flat = w.reshape(N * row_bytes)
-    g, r = divmod(n, GROUP)
+    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
     for sb in range(row_bytes // Q6_K_BYTES):
         at = g * GROUP * row_bytes + sb * Q6_K_GROUP_BYTES
         d = _f16_at(flat, at + 2 * r)
@@ -503,7 +503,7 @@ def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
     N, row_bytes = w.shape
     flat = w.reshape(N * row_bytes)
-    g, r = divmod(n, GROUP)
+    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
     for sb in range(row_bytes // Q4_K_ROW_BYTES):
         at = g * GROUP * row_bytes + sb * Q4_K_GROUP_BYTES
         d, dmin = _f16_at(flat, at + 2 * r), _f16_at(flat, at + 32 + 2 * r)
