@@ -282,9 +282,11 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     # a kind at one precision, so Q8_0 runs as int8 only where every layer's matrix of its kind is
     # Q8_0 (llama.cpp's Q4_K_M gives some layers' V Q8_0 and others Q5_0, for one).
     kinds: dict[str, set[int]] = {}
+    kind_rows: dict[str, int] = {}  # rows of each kind's matrices (may_group)
     for name, shape in shapes.items():
         if len(shape) == 2:
             kinds.setdefault(_matrix_kind(name), set()).add(model.ggml_type(name))
+            kind_rows[_matrix_kind(name)] = shape[0]
     if dtype == GGUF_STORED:
         types = frozenset().union(*kinds.values())
         dtype = {frozenset({GGML_F32}): "float32", frozenset({GGML_BF16}): "bfloat16"}.get(types, GGUF_STORED)
@@ -322,9 +324,9 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
         whole groups of 16 rows."""
         kind = _matrix_kind(name)
         sharing = next((group for group in INPUT_SHARING if kind in group), (kind,))
-        rows = {k: shapes[next(n for n in shapes if _matrix_kind(n) == k)][0] for k in sharing if any(_matrix_kind(n) == k for n in shapes)}
+        rows = [kind_rows[k] for k in sharing if k in kind_rows]
         parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,)}.get(kind, ())
-        return all(n % K.ROW_GROUP == 0 for n in (*rows.values(), *parts))
+        return all(n % K.ROW_GROUP == 0 for n in (*rows, *parts))
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector)
 
