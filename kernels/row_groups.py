@@ -297,22 +297,34 @@ def _block_words(b, ps, block):
     return b.gep(ps, [b.mul(block, I64(PER_BLOCK))], source_etype=F32)
 
 
-def _q4_step(b, bp, k, tokens, totals):
-    """One block of 32 for the 16 rows: levels q + 8, so the sums subtract 8 sum(x16)."""
-    dw = _row_halves(b, bp, 0)
+def _block_step(offset, parts_of):
+    """A step over one block of 32 for the 16 rows whose levels are q + offset (the sums
+    subtract offset sum(x16)); parts_of(b, bp) gives the block's (levels, first weight) parts."""
+
+    def step(b, bp, k, tokens, totals):
+        dw = _row_halves(b, bp, 0)
+        parts = parts_of(b, bp)
+        e = b.mul(k, I64(QBLOCK))
+        for j, token in enumerate(tokens):
+            pw = _block_words(b, token[2], k)
+            corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-offset))
+            exact = _exact_sums(b, token, e, parts, corr)
+            totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
+        return totals
+
+    return step
+
+
+def _q4_parts(b, bp):
+    """Q4_0_R16's four words as eight nibble vectors: weights 4o.. (low) and 16 + 4o.. (high)."""
     parts = []
     for o in range(4):
         low, high = _nibbles(b, _word64(b, bp, 32 + 64 * o))
         parts += [(low, 4 * o), (high, 16 + 4 * o)]
-    e = b.mul(k, I64(QBLOCK))
-    for j, token in enumerate(tokens):
-        pw = _block_words(b, token[2], k)
-        corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-8))
-        exact = _exact_sums(b, token, e, parts, corr)
-        totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
-    return totals
+    return parts
 
 
+_q4_step = _block_step(8, _q4_parts)
 q4_r16_tile = _group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile).")
 
 
@@ -351,17 +363,7 @@ def q8_r16_row_get(w, n, out):
                 out[QBLOCK * k + 4 * o + j] = d * np.float32(np.int32(flat[at + 32 + 64 * o + 4 * r + j]) - 128)
 
 
-def _q8_step(b, bp, k, tokens, totals):
-    """One block of 32 for the 16 rows: levels q + 128, so the sums subtract 128 sum(x16)."""
-    dw = _row_halves(b, bp, 0)
-    parts = [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)]
-    e = b.mul(k, I64(QBLOCK))
-    for j, token in enumerate(tokens):
-        pw = _block_words(b, token[2], k)
-        corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-128))
-        exact = _exact_sums(b, token, e, parts, corr)
-        totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
-    return totals
+_q8_step = _block_step(128, lambda b, bp: [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)])  # levels as they are stored
 
 
 q8_r16_tile = _group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile).")
