@@ -18,8 +18,8 @@ prefill agree bit for bit. Against the file dequantized and run at float32, a pr
 that of 16-bit activations (about 1/65000 of a block's largest value): llama.cpp meets Q4_0 with
 8-bit ones.
 
-Q4_K and Q6_K are regrouped the same way (their sub-blocks' scales and minimums unpacked to a
-byte each, the levels' bits kept). A group's blocks are one sequential stream, left to the
+Q4_K and Q6_K are regrouped the same way (the levels' bits and the scales' packing kept; a
+Q4_K step unpacks its 6-bit scales and minimums for the 16 rows at once). A group's blocks are one sequential stream, left to the
 hardware prefetcher, but for Q6_K: its step (53 lines) asks for one line a page ahead, which
 keeps the next page's stream started (weights streamed from memory, one token, alternating:
 +5-12%). A prefetch of every line a page ahead cost ~20% at Q4_K and Q6_K; one line per step
@@ -64,10 +64,7 @@ def is_grouped(fmt):
 
 
 def grouped_shape(w: np.ndarray, ggml_type: int) -> tuple[int, int]:
-    """The shape of w regrouped: the same bytes, but Q4_K's 6-bit scales and minimums take a byte
-    each (148 bytes per 256 weights and row, not 144)."""
-    if ggml_type == Q4_K:
-        return w.shape[0], w.shape[1] // Q4_K_BYTES * Q4_K_ROW_BYTES
+    """The shape of w regrouped: the same bytes."""
     return w.shape
 
 
@@ -461,15 +458,16 @@ q6_r16_tile = _group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of gro
 
 # ---------------------------------------------------------------- Q4_K
 #
-# Q4_K_R16, per group of 16 rows and super-block of 256 weights (2368 bytes, 16 x 148): the 16
-# rows' float16 d, then dmin (64 bytes), their 6-bit scales (8 sub-blocks x 16 rows, a byte
-# each), then minimums (the same), then per sub-block of 32 weights Q4_0_R16's four words.
-# Weight = (d * scale) * level - dmin * minimum, as gguf-py's.
+# Q4_K_R16, per group of 16 rows and super-block of 256 weights (2304 bytes, 16 x 144): the 16
+# rows' float16 d, then dmin (64 bytes), their 12 bytes of packed 6-bit scales and minimums
+# (ggml's get_scale_min_k4 packing) as 12 planes of 16 bytes, plane j holding byte j of every row
+# (192 bytes), then per sub-block of 32 weights Q4_0_R16's four words. Weight = (d * scale) *
+# level - dmin * minimum, as gguf-py's.
 
 Q4_K_BYTES = FORMATS[Q4_K][1]  # 144
-Q4_K_ROW_BYTES = 148
-Q4_K_GROUP_BYTES = GROUP * Q4_K_ROW_BYTES  # 2368
-Q4_K_WORDS_AT = 64 + 256
+Q4_K_GROUP_BYTES = GROUP * Q4_K_BYTES  # 2304
+Q4_K_PLANES_AT = 64  # after d and dmin
+Q4_K_WORDS_AT = 64 + 192
 
 
 def q4_k_parts(raw: np.ndarray):
@@ -491,16 +489,17 @@ def q4_k_parts(raw: np.ndarray):
 
 
 def group_q4_k(out, w):
-    """out (N, sb * 148) = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16: N % 16 == 0."""
+    """out = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16 (same shape): N % 16 == 0."""
     N = w.shape[0]
     G = N // GROUP
-    levels, sc, mn, d, dmin = q4_k_parts(w)
+    levels, _, _, d, dmin = q4_k_parts(w)
     sb = levels.shape[1]
     y = levels.reshape(G, GROUP, sb, 8, 2, 4, 4)  # group, row, super-block, sub-block, half, o, j
     words = (y[..., 0, :, :] | (y[..., 1, :, :] << 4)).transpose(0, 2, 3, 4, 1, 5).reshape(G, sb, 8 * 256)
-    per_row = lambda a: a.reshape(G, GROUP, sb, -1).transpose(0, 2, 3, 1).reshape(G, sb, -1)
+    packed = w.reshape(G, GROUP, sb, Q4_K_BYTES)[..., 4:16]  # the 12 bytes of scales and minimums
+    planes = packed.transpose(0, 2, 3, 1).reshape(G, sb, 12 * GROUP)
     halves = [np.ascontiguousarray(v.reshape(G, GROUP, sb).transpose(0, 2, 1)).view(np.uint8) for v in (d, dmin)]  # (G, sb, 32)
-    heads = np.concatenate([*halves, per_row(sc), per_row(mn)], axis=2)
+    heads = np.concatenate([*halves, planes], axis=2)
     out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
 
 
@@ -510,12 +509,19 @@ def qk_r16_row_get(w, n, out):
     N, row_bytes = w.shape
     flat = w.reshape(N * row_bytes)
     g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
-    for sb in range(row_bytes // Q4_K_ROW_BYTES):
+    for sb in range(row_bytes // Q4_K_BYTES):
         at = g * GROUP * row_bytes + sb * Q4_K_GROUP_BYTES
         d, dmin = _f16_at(flat, at + 2 * r), _f16_at(flat, at + 32 + 2 * r)
         for sub in range(8):
-            ds = d * np.float32(flat[at + 64 + 16 * sub + r])
-            dm = dmin * np.float32(flat[at + 192 + 16 * sub + r])
+            q = at + Q4_K_PLANES_AT + r  # byte j of this row's packed scales at q + 16 j
+            if sub < 4:
+                sc, mn = flat[q + 16 * sub] & 63, flat[q + 16 * (sub + 4)] & 63
+            else:
+                i = sub - 4
+                sc = (flat[q + 16 * (8 + i)] & 15) | ((flat[q + 16 * i] >> 6) << 4)
+                mn = (flat[q + 16 * (8 + i)] >> 4) | ((flat[q + 16 * (4 + i)] >> 6) << 4)
+            ds = d * np.float32(sc)
+            dm = dmin * np.float32(mn)
             wb = at + Q4_K_WORDS_AT + 256 * sub + 4 * r
             for o in range(4):
                 for j in range(4):
@@ -530,9 +536,18 @@ def _qk_step(b, bp, k, tokens, totals):
     minimum * activation scale), total)."""
     d, dmin = _row_halves(b, bp, 0), _row_halves(b, bp, 32)
     u8x16 = ir.VectorType(I8, LANES)
-    bytes_at = lambda off: b.uitofp(b.zext(b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), u8x16.as_pointer()), align=1), I32_VEC), VEC)
+    plane = [b.load(b.bitcast(b.gep(bp, [I64(Q4_K_PLANES_AT + 16 * j)], source_etype=I8), u8x16.as_pointer()), align=1) for j in range(12)]
+    c = lambda v: ir.Constant(u8x16, [v] * LANES)
+    high2 = lambda v: b.shl(b.lshr(v, c(6)), c(4))  # a scale's top two bits, in place
+    as_f32 = lambda v: b.uitofp(b.zext(v, I32_VEC), VEC)
     for sub in range(8):
-        ds, dm = b.fmul(d, bytes_at(64 + 16 * sub)), b.fmul(dmin, bytes_at(192 + 16 * sub))  # exact: 11 x 6 bits
+        if sub < 4:  # get_scale_min_k4, 16 rows at once
+            sc, mn = b.and_(plane[sub], c(63)), b.and_(plane[4 + sub], c(63))
+        else:
+            low = plane[8 + sub - 4]
+            sc = b.or_(b.and_(low, c(15)), high2(plane[sub - 4]))
+            mn = b.or_(b.lshr(low, c(4)), high2(plane[sub]))
+        ds, dm = b.fmul(d, as_f32(sc)), b.fmul(dmin, as_f32(mn))  # exact: 11 x 6 bits
         parts = []
         for o in range(4):
             low, high = _nibbles(b, _word64(b, bp, Q4_K_WORDS_AT + 256 * sub + 64 * o))
