@@ -19,11 +19,11 @@ that of 16-bit activations (about 1/65000 of a block's largest value): llama.cpp
 8-bit ones.
 
 Q4_K and Q6_K are regrouped the same way (the levels' bits and the scales' packing kept; a
-Q4_K step unpacks its 6-bit scales and minimums for the 16 rows at once). A group's blocks are one sequential stream, left to the
-hardware prefetcher, but for Q6_K: its step (53 lines) asks for one line a page ahead, which
-keeps the next page's stream started (weights streamed from memory, one token, alternating:
-+5-12%). A prefetch of every line a page ahead cost ~20% at Q4_K and Q6_K; one line per step
-measured level at Q4_K and 15% slower at Q4_0 (9 lines a step).
+Q4_K step unpacks its 6-bit scales and minimums for the 16 rows at once). A group's blocks are
+one sequential stream, left to the hardware prefetcher, but for Q6_K: its step (53 lines) asks
+for one line a page ahead, which keeps the next page's stream started (weights streamed from
+memory, one token, alternating: +5-12%). A prefetch of every line a page ahead cost ~20% at
+Q4_K and Q6_K; one line per step measured level at Q4_K and 15% slower at Q4_0 (9 lines a step).
 """
 
 import numpy as np
