@@ -15,7 +15,7 @@ from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .decode import DecodeBuffers, DecodeWeights, decode_batch
 from .ir_blocks import QBLOCK
 from .mask import mask_logits
-from .row_groups import GROUP as ROW_GROUP, GROUPED, PER_BLOCK as SPLIT_PER_BLOCK, can_group, group_rows, grouped_shape
+from .row_groups import GROUP as ROW_GROUP, GROUPED, PER_BLOCK as SPLIT_PER_BLOCK, can_group, group_rows
 from .matmul import add_bias, matmul, matvec
 from .quant import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, dequantize, gather_rows, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
@@ -25,6 +25,6 @@ from .swiglu import gated, softcap_row, swiglu
 
 __all__ = [
     "QUERIES_PER_TASK", "attend", "attention", "kv_write", "DecodeBuffers", "DecodeWeights", "decode_batch", "add_bias", "matmul", "matvec",
-    "mask_logits", "ROW_GROUP", "GROUPED", "SPLIT_PER_BLOCK", "can_group", "group_rows", "grouped_shape", "BLOCK_FORMATS", "Q4_0", "Q4_0_BYTES", "quantize_q4_0", "Q8_0", "Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
+    "mask_logits", "ROW_GROUP", "GROUPED", "SPLIT_PER_BLOCK", "can_group", "group_rows", "BLOCK_FORMATS", "Q4_0", "Q4_0_BYTES", "quantize_q4_0", "Q8_0", "Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
     "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu", "top_k",
 ]

@@ -63,13 +63,8 @@ def is_grouped(fmt):
     return fmt == Q4_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
 
 
-def grouped_shape(w: np.ndarray, ggml_type: int) -> tuple[int, int]:
-    """The shape of w regrouped: the same bytes."""
-    return w.shape
-
-
 def group_rows(out, w, ggml_type: int) -> int:
-    """out (grouped_shape) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
+    """out (w's shape: the same bytes) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
     {Q4_0: group_q4_0, Q8_0: group_q8_0, Q4_K: group_q4_k, Q6_K: group_q6_k}[ggml_type](out, w)
     return GROUPED[ggml_type]
 
@@ -107,14 +102,20 @@ def _f16_at(typingctx, arr, i):
     return sig, codegen
 
 
+@njit(cache=True, inline="always")
+def _row_in_group(w, n):
+    """Where row n of grouped weights w (N, bytes per row) lives: (w's bytes flat, the start of
+    its group of 16, its place r in the group; its bytes interleave with the 15 others')."""
+    N, row_bytes = w.shape
+    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
+    return w.reshape(N * row_bytes), g * GROUP * row_bytes, r
+
+
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
-    N, row_bytes = w.shape
-    flat = w.reshape(N * row_bytes)
-    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
-    base = g * GROUP * row_bytes
-    for k in range(row_bytes // Q4_0_BYTES):
+    flat, base, r = _row_in_group(w, n)
+    for k in range(w.shape[1] // Q4_0_BYTES):
         at = base + k * GROUP_BLOCK_BYTES
         d = _f16_at(flat, at + 2 * r)
         for o in range(4):
@@ -351,11 +352,9 @@ def group_q8_0(out, w):
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
-    N, row_bytes = w.shape
-    flat = w.reshape(N * row_bytes)
-    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
-    for k in range(row_bytes // Q8_0_BYTES):
-        at = g * GROUP * row_bytes + k * Q8_0_GROUP_BYTES
+    flat, base, r = _row_in_group(w, n)
+    for k in range(w.shape[1] // Q8_0_BYTES):
+        at = base + k * Q8_0_GROUP_BYTES
         d = _f16_at(flat, at + 2 * r)
         for o in range(8):
             for j in range(4):
@@ -414,11 +413,9 @@ def group_q6_k(out, w):
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
-    N, row_bytes = w.shape
-    flat = w.reshape(N * row_bytes)
-    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
-    for sb in range(row_bytes // Q6_K_BYTES):
-        at = g * GROUP * row_bytes + sb * Q6_K_GROUP_BYTES
+    flat, base, r = _row_in_group(w, n)
+    for sb in range(w.shape[1] // Q6_K_BYTES):
+        at = base + sb * Q6_K_GROUP_BYTES
         d = _f16_at(flat, at + 2 * r)
         for sub in range(16):
             scale = d * np.float32(np.int8(flat[at + 32 + 16 * sub + r]))
@@ -506,11 +503,9 @@ def group_q4_k(out, w):
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")
 def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
-    N, row_bytes = w.shape
-    flat = w.reshape(N * row_bytes)
-    g, r = divmod(np.int64(n), GROUP)  # n may come unsigned (a token id)
-    for sb in range(row_bytes // Q4_K_BYTES):
-        at = g * GROUP * row_bytes + sb * Q4_K_GROUP_BYTES
+    flat, base, r = _row_in_group(w, n)
+    for sb in range(w.shape[1] // Q4_K_BYTES):
+        at = base + sb * Q4_K_GROUP_BYTES
         d, dmin = _f16_at(flat, at + 2 * r), _f16_at(flat, at + 32 + 2 * r)
         for sub in range(8):
             q = at + Q4_K_PLANES_AT + r  # byte j of this row's packed scales at q + 16 j

@@ -453,7 +453,7 @@ def runnable_blocks(w: np.ndarray, ggml_type: int, as_int8: bool = True, group: 
     from .cache import release_pages
 
     if group and K.can_group(w, ggml_type):
-        grouped = np.empty(K.grouped_shape(w, ggml_type), np.uint8)
+        grouped = np.empty(w.shape, np.uint8)  # the same bytes, regrouped
         step = max(K.ROW_GROUP, CONVERT_CHUNK // max(w.shape[1] * 2, 1) // K.ROW_GROUP * K.ROW_GROUP)
         for r0 in range(0, w.shape[0], step):
             layout = K.group_rows(grouped[r0 : r0 + step], w[r0 : r0 + step], ggml_type)

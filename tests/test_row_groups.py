@@ -22,7 +22,7 @@ def split_rows(xo, xs, x):
 
 def grouped(fmt, rows, cols, seed=0):
     q = random_blocks(fmt, rows, cols, seed=seed)
-    g = np.empty(KQ.grouped_shape(q, fmt), np.uint8)
+    g = np.empty(q.shape, np.uint8)
     layout = KQ.group_rows(g, q, fmt)
     return q, g, layout
 
