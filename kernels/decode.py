@@ -26,7 +26,7 @@ from .activation_prep import activation, chunk_operand, prepare_operand
 from .attention import attend, first_key
 from .blocks import block_product
 from .jit import EXACT_MATH, kernel
-from .matmul import store2, store4, streamed_tile
+from .matmul import store4, streamed_tile
 from .row_groups import grouped_rows, is_grouped, quantize_split
 from .quant import block_format, chunked_len, row_get, weight_at
 from .rmsnorm import rmsnorm_row
@@ -155,11 +155,14 @@ def _row_products(out, col, w, s, task, xs, xos, xss):
 
 def _batch_tiles(out, col, w, s, n0, n1, xs, xc, xss, full):
     """Rows n0.. of a task against a batch of four or more sequences in register tiles
-    (kernels.matmul): 2 rows x 8 sequences from eight on, else the prefill's 4 x 4; each chunk
-    of the weight rows is loaded once into registers for all those sequences, 16 accumulators
-    sharing 8 or 10 loads, where one row dot per sequence reloads the row for every sequence
-    (default model float32, kernel alone at 8 sequences: 2.7x one sequence's tokens/s with row
-    dots, 4.5x with 4 x 4 tiles). The same sums as every other path, tails added in sequence.
+    (kernels.matmul): the prefill's 4 x 4, four sequences at a time; each chunk of the weight rows
+    is loaded once into registers for those sequences, 16 accumulators sharing 8 loads, where one
+    row dot per sequence reloads the row for every sequence (default model float32, kernel alone
+    at 8 sequences: 2.7x one sequence's tokens/s with row dots, 4.5x with 4 x 4 tiles). The next
+    four sequences find the four rows in L1. 2 rows x 8 sequences, one pass over the rows, was
+    slower once the tiles prefetch into L2 (ir_blocks.tile_4x4): a step of 8 on the default model,
+    alternating, float32 ~30 -> ~27 ms (5 of 7), bfloat16 ~21 -> ~18.5 ms (2 of 3). The same sums
+    as every other path, tails added in sequence.
     Returns the first row left for the row products: n0 for a smaller batch, and for int8
     weights, whose tile needs a scratch table per thread."""
     raise NotImplementedError
@@ -173,29 +176,12 @@ def _batch_tiles_by_precision(out, col, w, s, n0, n1, xs, xc, xss, full):
     def tiles(out, col, w, s, n0, n1, xs, xc, xss, full):
         B = xs.shape[0]
         n = n0
-        if B >= 8:  # two rows by eight sequences: every sequence's sums while the rows stream in
-            while n + 2 <= n1:
-                b = 0
-                while b + 8 <= B:
-                    d = streamed_tile(2, w, s, n, xc, b)
-                    store2(out, b, col + n, d[0], d[1], w, s, n, xs, full)
-                    store2(out, b + 1, col + n, d[2], d[3], w, s, n, xs, full)
-                    store2(out, b + 2, col + n, d[4], d[5], w, s, n, xs, full)
-                    store2(out, b + 3, col + n, d[6], d[7], w, s, n, xs, full)
-                    store2(out, b + 4, col + n, d[8], d[9], w, s, n, xs, full)
-                    store2(out, b + 5, col + n, d[10], d[11], w, s, n, xs, full)
-                    store2(out, b + 6, col + n, d[12], d[13], w, s, n, xs, full)
-                    store2(out, b + 7, col + n, d[14], d[15], w, s, n, xs, full)
-                    b += 8
-                _rows_alone(out, col, w, s, n, n + 2, b, xs, xc, xss, full)
-                n += 2
-            return n
         if B < 4:
             return n
         while n + 4 <= n1:
             b = 0
             while b + 4 <= B:
-                d = streamed_tile(4, w, s, n, xc, b)
+                d = streamed_tile(w, s, n, xc, b)
                 # literal indices: a tuple indexed at run time is slow
                 store4(out, b, col + n, d[0], d[1], d[2], d[3], w, s, n, xs, full)
                 store4(out, b + 1, col + n, d[4], d[5], d[6], d[7], w, s, n, xs, full)

@@ -17,8 +17,7 @@ from .jit import EXACT_MATH, kernel
 from .row_groups import GROUPED, grouped_matmul
 from .quant import block_format, chunked_len, weight_at
 from .weight_products import (
-    bf16_tile_dot_2x8, bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, streamed_bf16_tile_dot_4x4, streamed_tile_dot_4x4, tile_dot_2x8,
-    tile_dot_4x4,
+    bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, streamed_bf16_tile_dot_4x4, streamed_tile_dot_4x4, tile_dot_4x4,
 )
 
 # Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
@@ -113,23 +112,20 @@ def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
         return lambda w, s, n, xo, xs, t, table: int8_tile_dot_4x4(w, s, n, xo, xs, t, table)
 
 
-def streamed_tile(R, w, s, n, xo, t):
-    """Rows n.. of float32 or bfloat16 weights against tokens t.. of xo (as prepared_tile_4x4):
-    R = 2 rows x 8 tokens or 4 x 4, 16 sums token-major, each equal to the decode's dot product;
-    the rows below prefetched (weight_products.TILES_AHEAD), as decode's batches read them from memory."""
+def streamed_tile(w, s, n, xo, t):
+    """Rows n..n+3 of float32 or bfloat16 weights against tokens t..t+3 of xo (as
+    prepared_tile_4x4): 16 sums token-major, each equal to the decode's dot product; the rows below
+    prefetched into L2 (weight_products.TILES_AHEAD), as decode's batches read them from memory."""
     raise NotImplementedError
 
 
-@overload(streamed_tile, prefer_literal=True, inline="always")
-def _streamed_tile(R, w, s, n, xo, t):
-    two = isinstance(R, types.IntegerLiteral) and R.literal_value == 2
+@overload(streamed_tile, inline="always")
+def _streamed_tile(w, s, n, xo, t):
     if w.dtype == types.float32:
-        tile = tile_dot_2x8 if two else streamed_tile_dot_4x4
-    elif w.dtype == types.uint16:
-        tile = bf16_tile_dot_2x8 if two else streamed_bf16_tile_dot_4x4
-    else:
-        return None
-    return lambda R, w, s, n, xo, t: tile(w, n, xo, t)
+        return lambda w, s, n, xo, t: streamed_tile_dot_4x4(w, n, xo, t)
+    if w.dtype == types.uint16:
+        return lambda w, s, n, xo, t: streamed_bf16_tile_dot_4x4(w, n, xo, t)
+    return None
 
 
 def tile_scratch(w, K):
@@ -208,13 +204,6 @@ def store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
     out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
     out[t, n + 2] = _finish(s2, w, s, r + 2, x, t, full)
     out[t, n + 3] = _finish(s3, w, s, r + 3, x, t, full)
-
-
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def store2(out, t, n, s0, s1, w, s, r, x, full):
-    """out[t, n..n+1] = the two sums of token t against rows r, r+1 of w, tails added."""
-    out[t, n] = _finish(s0, w, s, r, x, t, full)
-    out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, inline="always")

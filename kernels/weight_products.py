@@ -218,11 +218,9 @@ def _dense_tile(R, G, bf16, prefetch=False):
 
 
 tile_dot_4x4 = _dense_tile(4, 4, bf16=False)  # float32 rows x float32 tokens
-tile_dot_2x8 = _dense_tile(2, 8, bf16=False, prefetch=True)  # decode's batches of 8: rows from memory
 bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
-streamed_tile_dot_4x4 = _dense_tile(4, 4, bf16=False, prefetch=True)  # decode's batches of 4 to 7
+streamed_tile_dot_4x4 = _dense_tile(4, 4, bf16=False, prefetch=True)  # decode's batches of 4 and more
 streamed_bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True, prefetch=True)
-bf16_tile_dot_2x8 = _dense_tile(2, 8, bf16=True, prefetch=True)
 
 
 @intrinsic
