@@ -193,7 +193,7 @@ def fma_acc(builder, acc, a, b):
 
 def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None):
     """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
-    its own accumulator (8 loads feed 16 multiply-adds; 10 with 2 rows and 8 columns), reduced
+    its own accumulator (8 loads feed 16 multiply-adds), reduced
     together: a vector, lane R j + c for R rows.
     float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
@@ -203,11 +203,11 @@ def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, a
     decode's batch tiles), into L2 only. A tile spends ~16 FMAs on each line it reads, so the
     prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
     miss buffers and the tiles streamed ~19 GB/s on two cores. Into L2, a decode step of 8
-    sequences on the default model at float32 went from ~39 to ~27 ms (three alternating rounds:
+    sequences on the default model at float32 (then one 2 x 8 tile) went from ~39 to ~27 ms (three alternating rounds:
     42.0/38.9/37.7 -> 28.1/31.3/26.0); no prefetch at all took ~54 ms."""
     col_load = col_load or load
 
-    R = len(rows)  # 4 x 4, or 2 rows x 8 columns: 16 accumulators either way, lane R j + c
+    R = len(rows)  # 4 x 4: 16 accumulators, lane R j + c
 
     def body(i, accs):
         if prefetch_ahead is not None:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)

@@ -184,10 +184,10 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
 TILES_AHEAD = 2
 
 
-def _dense_tile(R, G, bf16, prefetch=False):
-    """An intrinsic for rows n..n+R-1 of float32 (or bfloat16 bits, against bfloat16 tokens) and
-    tokens t..t+G-1 (R G = 16), over the full chunks: 16 sums, each equal to weight_dot_chunks
-    of the pair (the same steps and tree), token-major: (t, n), (t, n+1), .., (t+G-1, n+R-1).
+def _dense_tile(bf16, prefetch=False):
+    """An intrinsic for rows n..n+3 of float32 (or bfloat16 bits, against bfloat16 tokens) and
+    tokens t..t+3, over the full chunks: 16 sums, each equal to weight_dot_chunks of the pair
+    (the same steps and tree), token-major: (t, n), (t, n+1), .., (t+3, n+3).
     prefetch: ask for the rows TILES_AHEAD tiles below (rows that stream from memory: decode)."""
 
     def typer(typingctx, w, n, x, t):
@@ -199,11 +199,11 @@ def _dense_tile(R, G, bf16, prefetch=False):
             wK, K = builder.extract_value(warr.shape, 1), builder.extract_value(xarr.shape, 1)
             n0, t0 = as_i64(builder, args[1], None), as_i64(builder, args[3], None)
             elem = I16 if bf16 else F32
-            rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(R)]
-            toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(G)]
+            rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(4)]
+            toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(4)]
             # the same place in the rows TILES_AHEAD tiles below, where this stream of tiles reads
             # next: PREFETCH_BYTES ahead lands inside the tile's own rows when they are short
-            ahead = builder.mul(wK, I64(R * TILES_AHEAD)) if prefetch else None
+            ahead = builder.mul(wK, I64(4 * TILES_AHEAD)) if prefetch else None
             if bf16:
                 result = tile_4x4(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
                                   prefetch_ahead=ahead)
@@ -217,10 +217,10 @@ def _dense_tile(R, G, bf16, prefetch=False):
     return intrinsic(typer)
 
 
-tile_dot_4x4 = _dense_tile(4, 4, bf16=False)  # float32 rows x float32 tokens
-bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
-streamed_tile_dot_4x4 = _dense_tile(4, 4, bf16=False, prefetch=True)  # decode's batches of 4 and more
-streamed_bf16_tile_dot_4x4 = _dense_tile(4, 4, bf16=True, prefetch=True)
+tile_dot_4x4 = _dense_tile(bf16=False)  # float32 rows x float32 tokens
+bf16_tile_dot_4x4 = _dense_tile(bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
+streamed_tile_dot_4x4 = _dense_tile(bf16=False, prefetch=True)  # decode's batches of 4 and more
+streamed_bf16_tile_dot_4x4 = _dense_tile(bf16=True, prefetch=True)
 
 
 @intrinsic
