@@ -609,6 +609,8 @@ def grouped_rows(fmt, out, col, w, g, xo, xs):
     tok/s, medians of 4)."""
     T = xo.shape[0]
     t = 0
+    # three loops, not literal_unroll over blocks.TOKEN_GROUPS as block_rows does: here that
+    # turns grouped_matmul's prange into a serial loop (NumbaPerformanceWarning, several exits)
     while t + 8 <= T:
         _grouped_tile(fmt, out, col, w, g, xo, xs, t, 8)
         t += 8
