@@ -253,3 +253,19 @@ def test_chat_template_raise_exception_and_bad_messages(default_model_dir, tmp_p
         tok.apply_chat_template([{"role": "system", "content": "x"}])
     with pytest.raises(TokenizerError, match="role"):
         tok.apply_chat_template([{"content": "no role"}])
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ({}, ("ACTIVE", "300000")),  # set by kernels: libgomp's default spin, also once a second thread runs kernels
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, ("PASSIVE", None)),  # a user's own choice wins
+    ({"GOMP_SPINCOUNT": "1000"}, (None, "1000")),
+])
+def test_kernels_keep_openmp_spinning_unless_the_user_chose(preset, expected):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | preset
+    code = "import os, kernels; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert tuple(None if v == "None" else v for v in out) == (expected if sys.platform.startswith("linux") else (preset.get("OMP_WAIT_POLICY"), preset.get("GOMP_SPINCOUNT")))
