@@ -32,9 +32,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal
+from .blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal, _prefetch_offsets
 from .cpu import host_features
-from .ir_blocks import (F32, I32, I32_VEC, I64, INTO_L2, LANES, LINE_BYTES, PREFETCH_BYTES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch,
+from .ir_blocks import (F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch,
                         quantized_block, splat)
 from .jit import EXACT_MATH, kernel
 
@@ -259,8 +259,8 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
                 bp = b.gep(group, [b.mul(k, I64(step_bytes))], source_etype=I8)
                 if ng >= STREAMED_TILE:  # every line of the step, a page ahead (STREAMED_TILE)
                     with b.if_then(first_tile, likely=True):
-                        for line in range(0, step_bytes, LINE_BYTES):
-                            prefetch(b, b.gep(bp, [I64(PREFETCH_BYTES + line)], source_etype=I8), INTO_L2)
+                        for ahead in _prefetch_offsets(step_bytes):
+                            prefetch(b, b.gep(bp, [I64(ahead)], source_etype=I8), INTO_L2)
                 return step(b, bp, k, tokens, list(totals))
 
             totals = loop(b, I64(0), steps, 1, [ir.Constant(VEC, [0.0] * LANES)] * ng, body)
