@@ -24,6 +24,7 @@ if sys.platform.startswith("linux") and "OMP_WAIT_POLICY" not in os.environ and 
     os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     os.environ["GOMP_SPINCOUNT"] = "300000"
 
+from . import jit  # first: every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
 from .activation_prep import quantize_activations
 from .blocks import FORMATS as BLOCK_FORMATS, Q4_0, Q8_0
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write

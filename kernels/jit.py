@@ -1,7 +1,13 @@
 """Shared Numba settings for the kernels."""
 
+import hashlib
+from pathlib import Path
+
 from numba import njit
+from numba.core import caching
 from numba.typed import List
+
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 # Fused multiply-add allowed, reordering not: the model's sums keep their fixed order.
 EXACT_MATH = {"contract"}
@@ -10,6 +16,62 @@ EXACT_MATH = {"contract"}
 # no `nnan`/`ninf`, so NaN and Inf still propagate. Only for sums whose order cannot change a
 # result (quantization's error search).
 REDUCE_MATH = {"reassoc", "contract"}
+
+
+def _numba(name: str):
+    """A class of numba.core.caching by its name (older Numba spells them with a leading _)."""
+    return getattr(caching, name, None) or getattr(caching, "_" + name)
+
+
+def _package_stamp() -> str:
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class PackageCacheLocator(_numba("CacheLocator")):
+    """Numba's on-disk cache stamped with every source file of this package, not only the
+    kernel's own: kernels inline intrinsics and helpers from the other files, and Numba checks
+    only the file that defines the kernel. A change to row_groups.py alone left decode_batch's
+    old machine code in __pycache__ in use (a decode step of 8 at 14.6 ms against 12.5 ms
+    compiled afresh). The cache stays where Numba would put it (NUMBA_CACHE_DIR, __pycache__,
+    or the user-wide directory)."""
+
+    STAMP = _package_stamp()
+    PLACES = tuple(_numba(name) for name in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator"))
+
+    def __init__(self, place):
+        self._place = place
+
+    def ensure_cache_path(self):
+        self._place.ensure_cache_path()
+
+    def get_cache_path(self):
+        return self._place.get_cache_path()
+
+    def get_source_stamp(self):
+        return self.STAMP
+
+    def get_disambiguator(self):
+        return self._place.get_disambiguator()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if Path(py_file).resolve().parent != PACKAGE_DIR:
+            return None
+        for place in cls.PLACES:
+            found = place.from_function(py_func, py_file)
+            if found is not None:
+                return cls(found)
+        return None
+
+
+# Consulted when a kernel is defined (njit(cache=True) looks for its cache then): this module is
+# imported before any kernel module.
+_LOCATORS = _numba("CacheImpl")._locator_classes
+if PackageCacheLocator not in _LOCATORS:
+    _LOCATORS.insert(0, PackageCacheLocator)
 
 
 def kernel(parallel: bool = True, fastmath=False):

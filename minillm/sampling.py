@@ -16,9 +16,12 @@ from kernels import top_k
 
 from .errors import GenerationError
 
-# top-p looks at this many best tokens first; only if they hold less than top_p of the mass
-# does it sort the whole vocabulary (exact either way: the kept set is a prefix of the order).
-TOP_P_CANDIDATES = 256
+# The draw finds its block of this many tokens by block sums, then its token by a cumulative sum
+# inside that block. OpenAI's defaults (no top-k, top-p 1) sample from the whole vocabulary, on
+# the path of every streamed token: a float64 softmax and cumulative sum over 49152 logits took
+# 0.8 ms per token, a sixth of a step of 8 sequences on a 4-bit file; float32 (as transformers
+# samples) and block sums take ~0.07 ms.
+DRAW_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -119,33 +122,59 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         candidates, kept = np.empty(params.top_k, np.int64), np.empty(params.top_k, np.float32)
         top_k(candidates, kept, np.ascontiguousarray(logits, dtype=np.float32))
     else:
-        candidates, kept = np.arange(len(logits)), logits
-    probs = _softmax(kept.astype(np.float64) / params.temperature)
+        candidates, kept = None, np.asarray(logits, np.float32)  # None: every token, by id
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scaled = kept / np.float32(params.temperature)
+    top = scaled.max()
+    if not top < np.inf:  # a temperature so small that float32 overflows (or rounds to 0): its limit, greedy
+        i = int(np.argmax(kept))
+        return i if candidates is None else int(candidates[i])
+    probs = np.exp(scaled - top)
+    probs /= probs.sum()
 
     if params.top_p < 1.0:
-        candidates, probs = _top_p(candidates, probs, params.top_p)
+        candidates, probs = _kept(candidates, probs, _top_p(probs, params.top_p))
     if params.min_p > 0.0:
-        keep = probs >= params.min_p * probs.max()
-        candidates, probs = candidates[keep], probs[keep]
+        candidates, probs = _kept(candidates, probs, probs >= params.min_p * probs.max())
 
-    cumulative = np.cumsum(probs)
-    i = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return int(candidates[min(i, len(candidates) - 1)])
+    i = _draw(probs, rng.random())
+    return i if candidates is None else int(candidates[i])
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _kept(candidates: np.ndarray | None, probs: np.ndarray, keep: np.ndarray):
+    """The candidates and probabilities `keep` selects (candidates None: every token, by id)."""
+    return (np.flatnonzero(keep) if candidates is None else candidates[keep]), probs[keep]
 
 
-def _top_p(candidates: np.ndarray, probs: np.ndarray, top_p: float):
-    """Keep the smallest best-first prefix whose mass reaches top_p (always at least one token)."""
-    if len(probs) > TOP_P_CANDIDATES:
-        best = np.argpartition(-probs, TOP_P_CANDIDATES - 1)[:TOP_P_CANDIDATES]
-        if probs[best].sum() >= top_p:
-            candidates, probs = candidates[best], probs[best]
-    order = np.argsort(-probs, kind="stable")
-    candidates, probs = candidates[order], probs[order]
-    cumulative = np.cumsum(probs)
-    n = int(np.searchsorted(cumulative, top_p, side="left")) + 1
-    return candidates[:n], probs[:n]
+def _draw(weights: np.ndarray, u: float) -> int:
+    """The index whose span of the cumulative sum of `weights` (>= 0, some > 0) holds u * their
+    total, u in [0, 1): never a zero weight. Block sums, then one block's cumulative sum."""
+    n = len(weights)
+    full = n - n % DRAW_BLOCK
+    sums = weights[:full].reshape(-1, DRAW_BLOCK).sum(axis=1)
+    if full < n:
+        sums = np.append(sums, weights[full:].sum())
+    cumulative = np.cumsum(sums, dtype=np.float64)
+    target = u * cumulative[-1]
+    block = _first_above(cumulative, target, sums)
+    start = block * DRAW_BLOCK
+    inside = weights[start:start + DRAW_BLOCK]
+    before = cumulative[block - 1] if block else 0.0
+    return start + _first_above(np.cumsum(inside, dtype=np.float64), target - before, inside)
+
+
+def _first_above(cumulative: np.ndarray, target: float, parts: np.ndarray) -> int:
+    """The first i with cumulative[i] > target; past the end (rounding between two sums of the
+    same weights), the last i whose part is > 0."""
+    i = int(np.searchsorted(cumulative, target, side="right"))
+    return i if i < len(cumulative) else int(np.flatnonzero(parts > 0)[-1])
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Which tokens top-p keeps: the fewest most probable ones whose mass reaches top_p (at least
+    one), and any tied with the least probable of them. Found from the sorted values, so no
+    argsort: a stable argsort of 49152 tokens took ~5-9 ms per token, more than a decode step."""
+    ordered = np.sort(probs)[::-1]
+    cumulative = np.cumsum(ordered, dtype=np.float64)
+    n = min(int(np.searchsorted(cumulative, top_p * cumulative[-1], side="left")), len(ordered) - 1)
+    return probs >= ordered[n]

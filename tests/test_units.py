@@ -6,7 +6,7 @@ import pytest
 from minillm.config import ModelConfig
 from minillm.errors import ConfigError, GenerationError, TokenizerError
 from minillm.model import rope_inv_freq
-from minillm.sampling import SamplingParams, apply_repetition_penalty, sample
+from minillm.sampling import SamplingParams, _draw, _top_p, apply_repetition_penalty, sample
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -118,6 +118,14 @@ def test_greedy_is_argmax():
     assert sample(logits, SamplingParams(temperature=0), np.random.default_rng(0)) == 1
 
 
+@pytest.mark.parametrize("top_k", [0, 40])
+@pytest.mark.parametrize("temperature", [1e-45, 1e-60])  # float32 overflows; rounds to 0
+def test_a_vanishing_temperature_is_greedy(top_k, temperature):
+    logits = np.random.default_rng(4).standard_normal(1000).astype(np.float32) * 10
+    logits[0] = 0.0
+    assert sample(logits, SamplingParams(temperature=temperature, top_k=top_k), np.random.default_rng(0)) == int(logits.argmax())
+
+
 def test_top_k_one_is_greedy():
     logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
     rng = np.random.default_rng(0)
@@ -142,12 +150,38 @@ def test_sampling_follows_the_distribution():
     np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, probs, atol=0.03)
 
 
-def test_top_p_large_vocabulary_fallback():
-    """Flat logits: the 256-candidate shortcut does not hold top_p of the mass, so the full sort runs."""
+def test_top_p_on_flat_logits_keeps_every_tied_token():
+    """Flat logits: every token ties with the least probable of those top_p needs, so all stay."""
     logits = np.zeros(5000, np.float32)
     rng = np.random.default_rng(0)
     draws = {sample(logits, SamplingParams(temperature=1, top_k=0, top_p=0.9, min_p=0), rng) for _ in range(200)}
-    assert max(draws) > 256 or len(draws) > 150
+    assert max(draws) > 4000 and len(draws) > 150
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
+def test_top_p_keeps_the_shortest_best_first_prefix(top_p):
+    """Against the plain definition: sort best first, keep up to the token whose cumulative mass
+    reaches top_p."""
+    logits = (np.random.default_rng(9).standard_normal(49152) * 2).astype(np.float32)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    n = int(np.searchsorted(np.cumsum(probs[order], dtype=np.float64), top_p, side="left")) + 1
+    assert set(np.flatnonzero(_top_p(probs, top_p))) == set(order[:n].tolist())
+
+
+def test_draw_is_the_inverse_of_the_cumulative_sum():
+    """Block sums then one block's cumulative sum pick what one cumulative sum over all weights
+    picks. Small integer weights make every sum exact, so even u on a boundary must agree; zero
+    weights (a grammar's masked tokens) are never drawn, not even at u just below 1."""
+    weights = np.random.default_rng(5).integers(0, 4, 1000).astype(np.float32)  # 3 blocks and a tail
+    weights[255] = weights[-1] = 0.0
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    total = cumulative[-1]
+    us = np.concatenate([np.arange(int(total)) / total, np.random.default_rng(6).random(500), [1 - 2**-53]])
+    for u in us:
+        expected = int(np.searchsorted(cumulative, u * total, side="right"))
+        assert _draw(weights, u) == expected and weights[expected] > 0
 
 
 def test_repetition_penalty():
@@ -269,3 +303,32 @@ def test_kernels_keep_openmp_spinning_unless_the_user_chose(preset, expected):
     code = "import os, kernels; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert tuple(None if v == "None" else v for v in out) == (expected if sys.platform.startswith("linux") else (preset.get("OMP_WAIT_POLICY"), preset.get("GOMP_SPINCOUNT")))
+
+
+def test_kernel_caches_go_stale_with_any_file_of_the_package(tmp_path, monkeypatch):
+    """Kernels inline intrinsics and helpers from the package's other files, so each kernel's
+    on-disk cache is stamped with all of them: Numba's own stamp (the defining file only) kept
+    decode_batch's old machine code after a change to row_groups.py."""
+    import kernels
+    from kernels import jit
+
+    for dispatcher in (kernels.decode_batch, kernels.top_k):
+        assert isinstance(dispatcher._cache._impl.locator, jit.PackageCacheLocator)
+        assert dispatcher._cache._cache_file._source_stamp == jit.PackageCacheLocator.STAMP == jit._package_stamp()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(jit, "PACKAGE_DIR", tmp_path)
+    stamp = jit._package_stamp()
+    (tmp_path / "b.py").write_text("y = 3\n")
+    assert jit._package_stamp() != stamp
+
+
+def test_kernel_caches_stay_where_numba_puts_them(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = "import kernels; print(kernels.top_k._cache.cache_path)"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out.startswith(str(tmp_path))
