@@ -150,6 +150,9 @@ def _draw(weights: np.ndarray, u: float) -> int:
     """The index whose span of the cumulative sum of `weights` (>= 0, some > 0) holds u * their
     total, u in [0, 1): never a zero weight. Block sums, then one block's cumulative sum."""
     n = len(weights)
+    if n <= DRAW_BLOCK:
+        cumulative = np.cumsum(weights, dtype=np.float64)
+        return _first_above(cumulative, u * cumulative[-1], weights)
     full = n - n % DRAW_BLOCK
     sums = weights[:full].reshape(-1, DRAW_BLOCK).sum(axis=1)
     if full < n:
