@@ -191,6 +191,11 @@ def test_repetition_penalty():
     assert logits[0] == 2.0  # input untouched
 
 
+def test_logits_that_allow_no_token_raise():
+    with pytest.raises(GenerationError, match="-inf"):
+        sample(np.full(300, -np.inf, np.float32), SamplingParams(top_k=0), np.random.default_rng(0))
+
+
 def test_nan_logits_raise():
     with pytest.raises(GenerationError, match="NaN"):
         sample(np.array([0.0, np.nan], np.float32), SamplingParams(), np.random.default_rng(0))
