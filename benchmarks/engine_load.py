@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 import minillm
 from minillm.sampling import SamplingParams
 
-WORDS = ["harbour", "lantern", "orchard", "glacier", "canyon", "meadow", "compass", "library", "forest", "island"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import TEMPERATURE, prompt_text  # noqa: E402  (the same load)
 
 
 class Timed:
@@ -50,8 +53,8 @@ def level(llm, steps: Timed, prefills: Timed, clients: int, per_client: int, max
     ttfts, lock = [], threading.Lock()
 
     def one(i: int) -> None:
-        prompt = tokenizer.encode(f"Once upon a time, next to an old {WORDS[i % len(WORDS)]}, there lived")
-        handle = engine.submit(prompt, SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=i), max_tokens)
+        prompt = tokenizer.encode(prompt_text(i))
+        handle = engine.submit(prompt, SamplingParams(temperature=TEMPERATURE, top_k=0, top_p=1.0, min_p=0.0, seed=i), max_tokens)
         for _ in handle:
             pass
         with lock:

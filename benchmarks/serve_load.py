@@ -33,6 +33,12 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["harbour", "lantern", "orchard", "glacier", "canyon", "meadow", "compass", "library", "forest", "island"]
+TEMPERATURE = 0.8  # with OpenAI's other defaults: no top-k, top-p 1
+
+
+def prompt_text(i: int) -> str:
+    """Request i's prompt: distinct short prompts (engine_load.py sends the same ones)."""
+    return f"Once upon a time, next to an old {WORDS[i % len(WORDS)]}, there lived"
 
 
 def free_port() -> int:
@@ -44,8 +50,8 @@ def free_port() -> int:
 def one_request(base: str, i: int, max_tokens: int) -> tuple[float, int, float]:
     """(time to first token, tokens generated, total time) of one streaming completion."""
     body = {
-        "model": "bench", "prompt": f"Once upon a time, next to an old {WORDS[i % len(WORDS)]}, there lived",
-        "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True, "ignore_eos": True,
+        "model": "bench", "prompt": prompt_text(i),
+        "max_tokens": max_tokens, "temperature": TEMPERATURE, "seed": i, "stream": True, "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
