@@ -138,6 +138,22 @@ def test_q4_0_at_load_is_llama_cpps_q4_0(tmp_path, tied):
     )
 
 
+def test_vectors_are_read_not_mapped(gguf_case):
+    """Norms and biases are read from the file, not taken from its map: touching the map faults
+    in the page cache's whole folio around a page, which held megabytes of matrices already
+    copied into their grouped layout in this process's memory (gguf_file.GGUFModel._raw)."""
+    from minillm.gguf_file import GGUFModel, tensor_bytes
+
+    _, path, _ = gguf_case
+    model = GGUFModel(path)
+    vectors = [t for t in model.entries.values() if len(t.shape) == 1]
+    assert vectors
+    for t in vectors:
+        read, mapped = model._raw(t), tensor_bytes(model._data, model.layout, t)
+        np.testing.assert_array_equal(read, mapped)
+        assert not np.shares_memory(read, model._data), t.name
+
+
 def test_a_gguf_converts_to_other_precisions(gguf_case):
     _, path, imported = gguf_case
     converted = Model.load(path, dtype="float32")
