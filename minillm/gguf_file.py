@@ -119,8 +119,8 @@ class GGUFModel:
         if len(t.shape) == 1:
             # Read, not mapped: a fault on the map maps the page cache's whole folio around the
             # page, which after a sequential read spans megabytes of matrices already copied into
-            # their runnable layout. Reading the norms through the map kept 18-20 MB of the default
-            # model's Q4_0 file in this process's memory, or none, as the page cache held the file.
+            # their runnable layout. Reading the norms through the map kept ~9-20 MB of the default
+            # model's Q4_0 file in this process's memory, as much as the page cache's folios held.
             start = self.layout.data_start + t.offset
             return np.fromfile(self.path, np.uint8, count=t.nbytes, offset=start).reshape(1, t.nbytes)
         return tensor_bytes(self._data, self.layout, t)
