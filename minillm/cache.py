@@ -100,6 +100,31 @@ def release_pages(arr: np.ndarray) -> None:
         buf.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
+# Weight matrices start on a cache line. Their rows are whole lines at the shapes of this field, so
+# every 64-byte vector load of a row then reads one line, not two: the default model's float32
+# prefill 512 ran at 555-582 tok/s from a safetensors file whose tensors all sat 40 bytes past a
+# line, 730-747 from the same bytes aligned (decode level: it waits on memory either way).
+CACHE_LINE = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a cache line."""
+    dtype = np.dtype(dtype)
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    raw = np.empty(n + CACHE_LINE, np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    return raw[start : start + n].view(dtype).reshape(shape)
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros whose data starts on a cache line (activation buffers, read as weights are)."""
+    out = aligned_empty(shape, dtype)
+    out.fill(0)
+    return out
+
+
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     """float32 zeros whose pages are only materialised when first written.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import CACHE_LINE, aligned_empty, release_pages
 from .config import ModelConfig
 from .errors import CheckpointError
 from .safetensors_io import SafetensorsFile
@@ -258,9 +259,7 @@ def load_checkpoint(
         f = owner[name]
         stored = f.tensors[name].dtype
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):  # the mapped file itself
-            w = f.raw(name)
-            if not w.flags.aligned:  # odd data offsets: Numba wants aligned arrays
-                w = w.copy()
+            w = on_cache_lines(f.raw(name))  # a copy where the file's offsets are not (imports write them so)
             if check_finite:
                 _check_finite(f, name, w if stored == "F32" else None)
             return w, NO_SCALES
@@ -309,7 +308,7 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
             rows = model.float32(name)
             require_finite(rows, path, name)
         if dtype != GGUF_STORED:  # an F32 or BF16 file: float32 or bfloat16 bits
-            return w, NO_SCALES
+            return on_cache_lines(w), NO_SCALES
         ggml_type = model.ggml_type(name)
         if ggml_type not in K.BLOCK_FORMATS:
             raise CheckpointError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which minillm cannot run as stored; use --dtype float32")
@@ -404,17 +403,17 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
     N, Kdim = shape
     s = NO_SCALES
     if dtype == "float32":
-        w = np.empty((N, Kdim), np.float32)
+        w = aligned_empty((N, Kdim), np.float32)
     elif dtype == "bfloat16":
-        w = np.empty((N, Kdim), np.uint16)
+        w = aligned_empty((N, Kdim), np.uint16)
     elif dtype == "int8":
-        w = np.empty((N, Kdim), np.int8)
+        w = aligned_empty((N, Kdim), np.int8)
         s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
     else:  # q4_0, or q8_0 for q4_0's output matrix (matrix_format)
         if Kdim % K.QBLOCK:
             raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of 32, as {dtype} needs")
         block_bytes, ggml_type = (K.Q4_0_BYTES, K.Q4_0) if dtype == "q4_0" else (K.Q8_0_BYTES, K.Q8_0)
-        w = np.empty((N, Kdim // K.QBLOCK * block_bytes), np.uint8)
+        w = aligned_empty((N, Kdim // K.QBLOCK * block_bytes), np.uint8)
         s = np.array([[ggml_type]], np.uint16)
     for r0, r1 in _row_chunks(N, Kdim):
         rows = read_rows(r0, r1)
@@ -450,10 +449,8 @@ def runnable_blocks(w: np.ndarray, ggml_type: int, as_int8: bool = True, group: 
     formats stay as stored, their `s` naming the ggml type."""
     import kernels as K
 
-    from .cache import release_pages
-
     if group and K.can_group(w, ggml_type):
-        grouped = np.empty(w.shape, np.uint8)  # the same bytes, regrouped
+        grouped = aligned_empty(w.shape, np.uint8)  # the same bytes, regrouped
         step = max(K.ROW_GROUP, CONVERT_CHUNK // max(w.shape[1] * 2, 1) // K.ROW_GROUP * K.ROW_GROUP)
         for r0 in range(0, w.shape[0], step):
             layout = K.group_rows(grouped[r0 : r0 + step], w[r0 : r0 + step], ggml_type)
@@ -462,12 +459,24 @@ def runnable_blocks(w: np.ndarray, ggml_type: int, as_int8: bool = True, group: 
 
     if ggml_type == K.Q8_0 and as_int8:
         N, blocks = w.shape[0], w.shape[1] // K.Q8_0_BYTES
-        q, s = np.empty((N, blocks * K.QBLOCK), np.int8), np.empty((N, blocks), np.uint16)
+        q, s = aligned_empty((N, blocks * K.QBLOCK), np.int8), np.empty((N, blocks), np.uint16)
         for r0, r1 in _row_chunks(N, blocks * K.QBLOCK):
             K.split_q8_0(q[r0:r1], s[r0:r1], w[r0:r1])
             release_pages(w[r0:r1])  # the file's pages just read: the copy replaces them
         return q, s
     return w, np.array([[ggml_type]], np.uint16)
+
+
+def on_cache_lines(w: np.ndarray) -> np.ndarray:
+    """w itself if its data starts on a cache line (cache.aligned_empty), else an aligned copy made
+    in row chunks, the pages of each chunk of a memory-mapped w given back once copied."""
+    if w.ctypes.data % CACHE_LINE == 0:
+        return w
+    out = aligned_empty(w.shape, w.dtype)
+    for r0, r1 in _row_chunks(w.shape[0], w.shape[1]):
+        out[r0:r1] = w[r0:r1]
+        release_pages(w[r0:r1])
+    return out
 
 
 def matrix_format(cfg: ModelConfig, dtype: str, name: str) -> str:

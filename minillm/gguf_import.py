@@ -20,14 +20,13 @@ from pathlib import Path
 
 from .errors import GGUFError
 from .gguf_file import GGUFModel, write_text_files
+from .safetensors_io import write_safetensors
 
 TMP_PREFIX = ".importing-"
 
 
 def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) -> Path:
     """Import `gguf_path` into the HF-format directory `dest` (which must not exist yet)."""
-    from safetensors.numpy import save_file
-
     gguf_path, dest = Path(gguf_path), Path(dest)
     if dest.exists():
         raise GGUFError(f"{dest}: already exists")
@@ -46,7 +45,7 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
             tensors[name] = model.float32(name)
             bar.update(1)
         bar.close()
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
         del tensors
         write_text_files(tmp, files)
         # Where the weights came from: `compare` uses transformers reading this same GGUF as the oracle.

@@ -25,7 +25,7 @@ from numba.typed import List
 import kernels as K
 from kernels.jit import DirectCall, array_key, typed_list
 
-from .cache import KVCache
+from .cache import KVCache, aligned_zeros
 from .checkpoint import Weights, load_checkpoint
 from .config import ModelConfig, RopeScaling
 from .errors import ConfigError, GenerationError
@@ -130,19 +130,19 @@ class PrefillWorkspace:
         f = np.float32
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.rows = rows
-        self.x = np.zeros((rows, H), f)  # residual stream
-        self.xn = np.zeros((rows, H), f)  # normalised input of a sub-block
-        self.q = np.zeros((rows, cfg.q_dim), f)
-        self.k = np.zeros((rows, cfg.kv_dim), f)
-        self.v = np.zeros((rows, cfg.kv_dim), f)
-        self.att = np.zeros((rows, cfg.q_dim), f)
-        self.proj = np.zeros((rows, H), f)  # o_proj / down_proj output before the residual add
-        self.gate = np.zeros((rows, I), f)
-        self.up = np.zeros((rows, I), f)
+        self.x = aligned_zeros((rows, H), f)  # residual stream
+        self.xn = aligned_zeros((rows, H), f)  # normalised input of a sub-block
+        self.q = aligned_zeros((rows, cfg.q_dim), f)
+        self.k = aligned_zeros((rows, cfg.kv_dim), f)
+        self.v = aligned_zeros((rows, cfg.kv_dim), f)
+        self.att = aligned_zeros((rows, cfg.q_dim), f)
+        self.proj = aligned_zeros((rows, H), f)  # o_proj / down_proj output before the residual add
+        self.gate = aligned_zeros((rows, I), f)
+        self.up = aligned_zeros((rows, I), f)
         # score rows per thread (kernels.attention)
-        self.scores = np.zeros((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), f)
-        self.positions = np.zeros(rows, np.int64)
-        self.logits = np.zeros(cfg.vocab_size, f)  # the last token's
+        self.scores = aligned_zeros((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), f)
+        self.positions = aligned_zeros((rows,), np.int64)
+        self.logits = aligned_zeros((cfg.vocab_size,), f)  # the last token's
 
 
 class DecodeWorkspace:
@@ -164,25 +164,25 @@ class DecodeWorkspace:
         per_block = K.SPLIT_PER_BLOCK if grouped else 1
         self.rows = rows
         self._full = K.DecodeBuffers(
-            logits=np.zeros((rows, cfg.vocab_size), f),
-            tokens=np.zeros(rows, np.int64),
-            positions=np.zeros(rows, np.int64),
-            slots=np.zeros(rows, np.int64),
-            x=np.zeros((rows, H), f),
-            xn=np.zeros((rows, H), f),
-            qkv=np.zeros((rows, q_dim + 2 * cfg.kv_dim), f),
-            att=np.zeros((rows, q_dim), f),
-            proj=np.zeros((rows, H), f),
-            gate=np.zeros((rows, I), f),
-            up=np.zeros((rows, I), f),
-            scores=np.zeros((rows * cfg.num_attention_heads, ctx), f),
-            xn_op=np.zeros((op_rows, H), op_dtype),
-            att_op=np.zeros((op_rows, q_dim), op_dtype),
-            gate_op=np.zeros((op_rows, I), op_dtype),
-            xn_scales=np.zeros((scale_rows, per_block * (H // K.QBLOCK)), f),
-            att_scales=np.zeros((scale_rows, per_block * (q_dim // K.QBLOCK)), f),
-            gate_scales=np.zeros((scale_rows, per_block * (I // K.QBLOCK)), f),
-            claims=np.zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64),  # kernels.schedule
+            logits=aligned_zeros((rows, cfg.vocab_size), f),
+            tokens=aligned_zeros((rows,), np.int64),
+            positions=aligned_zeros((rows,), np.int64),
+            slots=aligned_zeros((rows,), np.int64),
+            x=aligned_zeros((rows, H), f),
+            xn=aligned_zeros((rows, H), f),
+            qkv=aligned_zeros((rows, q_dim + 2 * cfg.kv_dim), f),
+            att=aligned_zeros((rows, q_dim), f),
+            proj=aligned_zeros((rows, H), f),
+            gate=aligned_zeros((rows, I), f),
+            up=aligned_zeros((rows, I), f),
+            scores=aligned_zeros((rows * cfg.num_attention_heads, ctx), f),
+            xn_op=aligned_zeros((op_rows, H), op_dtype),
+            att_op=aligned_zeros((op_rows, q_dim), op_dtype),
+            gate_op=aligned_zeros((op_rows, I), op_dtype),
+            xn_scales=aligned_zeros((scale_rows, per_block * (H // K.QBLOCK)), f),
+            att_scales=aligned_zeros((scale_rows, per_block * (q_dim // K.QBLOCK)), f),
+            gate_scales=aligned_zeros((scale_rows, per_block * (I // K.QBLOCK)), f),
+            claims=aligned_zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64),  # kernels.schedule
         )
         self._views: dict[int, K.DecodeBuffers] = {}
         self._heads = cfg.num_attention_heads

@@ -1,4 +1,5 @@
-"""Reading safetensors files: header validated first, tensors then viewed through a memory map.
+"""Reading safetensors files: header validated first, tensors then viewed through a memory map;
+and writing them with every tensor on a cache line (write_safetensors).
 
 We parse the header ourselves (8-byte little-endian length, then a JSON object) because the
 `safetensors` NumPy path copies every tensor and cannot express bfloat16 without ml_dtypes.
@@ -169,3 +170,28 @@ def _widen(arr: np.ndarray, dtype: str, path: Path, name: str) -> np.ndarray:
     if dtype in ("F16", "F64"):
         return arr.astype(np.float32)
     raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, not a float type")
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    """Write `tensors` as a safetensors file whose tensor data start on 64-byte boundaries, so the
+    loader runs them from the map in place (checkpoint.on_cache_lines copies misaligned ones).
+    The header is padded with spaces, as the format allows, to put the data on a boundary;
+    tensors whose size is a multiple of 64 bytes come first, in the given order, so each of them
+    stays on one. The safetensors library pads to 8 bytes only."""
+    names = {np.dtype(d): name for name, d in DTYPES.items() if name not in ("BF16",)}
+    order = sorted(tensors, key=lambda n: tensors[n].nbytes % 64 != 0)  # stable: given order kept within each
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    position = 0
+    for name in order:
+        arr = tensors[name]
+        if arr.dtype not in names:
+            raise ValueError(f"{name}: dtype {arr.dtype} has no safetensors name here")
+        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [position, position + arr.nbytes]}
+        position += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 64)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in order:
+            f.write(np.ascontiguousarray(tensors[name], dtype=tensors[name].dtype.newbyteorder("<")).data)  # no copy when contiguous

@@ -337,3 +337,53 @@ def test_kernel_caches_stay_where_numba_puts_them(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert out.startswith(str(tmp_path))
+
+
+def test_written_safetensors_put_tensors_on_cache_lines(tmp_path):
+    """write_safetensors (GGUF imports) pads the header so tensor data start on 64-byte lines:
+    a 64-byte vector load of a row then reads one line, not two. The safetensors library reads
+    the file back unchanged."""
+    from safetensors.numpy import load_file
+
+    from minillm.safetensors_io import SafetensorsFile, write_safetensors
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "odd": rng.standard_normal(7).astype(np.float32),  # 28 bytes: written after the whole lines
+        "matrix": rng.standard_normal((48, 16)).astype(np.float32),
+        "ids": np.arange(16, dtype=np.int64),
+        "half": rng.standard_normal((4, 32)).astype(np.float16),
+    }
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, tensors, metadata={"format": "pt"})
+    back = load_file(str(path))
+    assert all(np.array_equal(back[name], arr) and back[name].dtype == arr.dtype for name, arr in tensors.items())
+    mapped = SafetensorsFile(path)
+    for name in ("matrix", "ids", "half"):
+        assert mapped.raw(name).ctypes.data % 64 == 0, name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q4_0"])
+def test_weights_start_on_cache_lines(tmp_path, dtype):
+    """Every weight matrix starts on a cache line, whatever the file's offsets: transformers'
+    files (padded to 8 bytes) are copied where they are not, converted weights are allocated so."""
+    from hf_tiny import make_checkpoint
+
+    from minillm.model import Model
+    from minillm.safetensors_io import SafetensorsFile
+
+    make_checkpoint(tmp_path / "hf", hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+    path = tmp_path / "hf" / "model.safetensors"
+    raw = path.read_bytes()  # the header padded so that every tensor sits 8 bytes past a line
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + n].rstrip(b" ")
+    header += b" " * (-len(header) % 64)  # data start 8 + len(header): 8 past a line
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
+    model = Model.load(tmp_path / "hf", dtype=dtype)
+    layers = model.weights.layers
+    matrices = [getattr(layer, name).w for layer in layers for name in ("q", "k", "v", "o", "gate", "up", "down")]
+    assert all(w.ctypes.data % 64 == 0 for w in matrices + [model.weights.embed.w, model.weights.lm_head.w])
+    if dtype == "float32":  # the same values as the file's
+        stored = SafetensorsFile(path).raw("model.layers.0.mlp.gate_proj.weight")
+        assert stored.ctypes.data % 64 == 8
+        np.testing.assert_array_equal(layers[0].gate.w, stored)
