@@ -380,12 +380,14 @@ def main() -> None:
             report["shapes"][shape] = previous["shapes"][shape]
             report["samples"][shape] = previous["samples"][shape]
             report.setdefault("dates", {})[shape] = previous.get("dates", {}).get(shape, previous.get("date"))
+            report.setdefault("machines", {})[shape] = previous.get("machines", {}).get(shape, previous.get("machine"))
 
     def save():  # after every shape, so a long run that stops early still leaves its results
         out.write_text(json.dumps(report, indent=2) + "\n")
 
     def record(shape, samples, rows):
         report.setdefault("dates", {})[shape] = report["date"]
+        report.setdefault("machines", {})[shape] = report["machine"]
         report["shapes"][shape] = table(samples, rows)
         report["samples"][shape] = {"/".join(k): v for k, v in samples.items()}
 
@@ -470,7 +472,7 @@ def markdown(report: dict) -> str:
     for shape, rows in report["shapes"].items():
         bw = report["samples"][shape]["bandwidth"]
         out += ["", f"## {names.get(shape, shape)}", "",
-                f"Run {report.get('dates', {}).get(shape, report['date'])}. Read bandwidth: median {rows['bandwidth_gb_s']:.1f} GB/s "
+                f"Run {report.get('dates', {}).get(shape, report['date'])}, {report.get('machines', {}).get(shape, report['machine'])}. Read bandwidth: median {rows['bandwidth_gb_s']:.1f} GB/s "
                 f"(samples {min(bw):.1f} to {max(bw):.1f}).", "",
                 "| tok/s: minillm / llama.cpp = ratio | prefill 128 | prefill 512 | decode 128 (after 128) | peak RSS | decode share of bandwidth |",
                 "|---|---|---|---|---|---|"]
