@@ -26,6 +26,29 @@ from minillm.cache import KVPool
 SIZES = (1, 2, 4, 8)
 
 
+def timed_steps(model, sequences: int, depth: int):
+    """`sequences` sequences prefilled to `depth` tokens (prompt b: tokens 7 b, 7 b + 1, ...), and
+    step(B): the seconds of one decode step for the first B of them, whose positions are then
+    taken back out of the caches, so every step times the same work."""
+    pool = KVPool(model.config, model.ctx, sequences)
+    slots, caches = [], []
+    for b in range(sequences):
+        slot, cache = pool.acquire()
+        model.forward([(7 * b + i) % model.config.vocab_size for i in range(depth)], cache)
+        slots.append(slot)
+        caches.append(cache)
+
+    def step(B: int) -> float:
+        start = time.perf_counter()
+        model.decode_batch([5] * B, caches[:B], slots[:B], pool)
+        elapsed = time.perf_counter() - start
+        for c in caches[:B]:
+            c.length -= 1
+        return elapsed
+
+    return step
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="checkpoint directory or GGUF file (default: the default model)")
@@ -38,22 +61,7 @@ def main() -> None:
 
     numba.set_num_threads(args.threads)
     model = minillm.load(args.model, dtype=args.dtype).model if args.model else minillm.load(dtype=args.dtype).model
-    pool = KVPool(model.config, model.ctx, max(SIZES))
-    slots, caches = [], []
-    for b in range(max(SIZES)):
-        slot, cache = pool.acquire()
-        model.forward([(7 * b + i) % model.config.vocab_size for i in range(args.depth)], cache)
-        slots.append(slot)
-        caches.append(cache)
-
-    def step(B: int) -> float:
-        start = time.perf_counter()
-        model.decode_batch([5] * B, caches[:B], slots[:B], pool)
-        elapsed = time.perf_counter() - start
-        for c in caches[:B]:
-            c.length -= 1
-        return elapsed
-
+    step = timed_steps(model, max(SIZES), args.depth)
     for B in SIZES:  # warm-up: every batch size's buffers made, kernels loaded
         step(B)
     per_round: dict[int, list[float]] = {B: [] for B in SIZES}

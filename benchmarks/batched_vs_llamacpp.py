@@ -27,29 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1, 8)
 
 WORKER_MINILLM = r"""
-import json, statistics, sys, time
+import json, statistics, sys
 import numba
 path, depth, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 numba.set_num_threads(threads)
 import minillm
-from minillm.cache import KVPool
-model = minillm.load(path, progress=False).model
+sys.path.insert(0, "benchmarks")
+from batch_steps import timed_steps
 sizes = (1, 8)
-pool = KVPool(model.config, model.ctx, max(sizes))
-slots, caches = [], []
-for b in range(max(sizes)):
-    slot, cache = pool.acquire()
-    model.forward([(7 * b + i) % model.config.vocab_size for i in range(depth)], cache)
-    slots.append(slot); caches.append(cache)
-
-def step(B):
-    t = time.perf_counter()
-    model.decode_batch([5] * B, caches[:B], slots[:B], pool)
-    elapsed = time.perf_counter() - t
-    for c in caches[:B]:
-        c.length -= 1
-    return elapsed
-
+step = timed_steps(minillm.load(path, progress=False).model, max(sizes), depth)
 for B in sizes:
     step(B); step(B)
 print(json.dumps({str(B): statistics.median(step(B) for _ in range(steps)) for B in sizes}))
@@ -79,7 +65,7 @@ def run(entries):  # (token, position, sequence, wants logits)
     if L.llama_decode(ctx, batch) != 0:
         raise SystemExit("llama_decode failed")
 
-for b in range(max(sizes)):  # the same prompts as minillm's worker
+for b in range(max(sizes)):  # the same prompts as minillm's (batch_steps.timed_steps)
     run([((7 * b + i) % V, i, b, i == depth - 1) for i in range(depth)])
 
 def step(B):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import CACHE_LINE
 from .errors import CheckpointError
 
 MAX_HEADER_BYTES = 100_000_000
@@ -178,8 +179,8 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
     The header is padded with spaces, as the format allows, to put the data on a boundary;
     tensors whose size is a multiple of 64 bytes come first, in the given order, so each of them
     stays on one. The safetensors library pads to 8 bytes only."""
-    names = {np.dtype(d): name for name, d in DTYPES.items() if name not in ("BF16",)}
-    order = sorted(tensors, key=lambda n: tensors[n].nbytes % 64 != 0)  # stable: given order kept within each
+    names = {d: name for name, d in DTYPES.items() if name != "BF16"}  # BF16 is viewed as uint16
+    order = sorted(tensors, key=lambda n: tensors[n].nbytes % CACHE_LINE != 0)  # stable: given order kept within each
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     position = 0
     for name in order:
@@ -189,7 +190,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
         header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [position, position + arr.nbytes]}
         position += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-(8 + len(raw)) % 64)
+    raw += b" " * (-(8 + len(raw)) % CACHE_LINE)
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
