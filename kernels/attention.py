@@ -4,7 +4,8 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from .expf import divide, exp_f32, tanh_f32
-from .float_sums import LANES, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows
+from .float_sums import (LANES, VALUE_HEADS, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows_1,
+                         weighted_rows_2, weighted_rows_3)
 from .jit import EXACT_MATH, kernel
 
 
@@ -21,28 +22,56 @@ def kv_write(k_cache, v_cache, k, v, pos0):
 
 @kernel(parallel=False, fastmath=EXACT_MATH)
 def attend(out, q, keys, values, n_keys, s, scale, softcap):
-    """One query head: out (hd,) = softmax(cap(keys[:n] q * scale)) values[:n], cap(z) =
-    softcap * tanh(z / softcap) when softcap > 0 (Gemma 2), z otherwise.
+    """R query heads that share one KV head (GQA), one query each: out, q (R * hd,) the heads side
+    by side; per head, softmax(cap(keys[:n] q * scale)) values[:n], cap(z) = softcap * tanh(z /
+    softcap) when softcap > 0 (Gemma 2), z otherwise.
 
-    keys, values: (>= n_keys, hd) of the query's KV head, from the first key it sees; s: (>= n_keys,)
-    scratch. Scores come 16 keys at a time (one shared reduction).
+    keys, values: (>= n_keys, hd) of the KV head, from the first key the queries see; s (R, >=
+    n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
+    head's output is the same, bit for bit, whatever R is, and each key and value row is read
+    once for all R heads: a head at a time, the first read them from memory and the others from
+    L2 while memory waited (the default model's KV cache, 2 threads, attention alone: 1.3-1.6x).
     """
-    hd = q.shape[0]
+    R = s.shape[0]
+    hd = keys.shape[1]
     j = 0
-    while j + LANES <= n_keys:
-        dot_rows16(s, j, q, 0, keys, j * hd, hd, hd)  # keys: (ctx, hd) contiguous, row j at j * hd
+    while j + LANES <= n_keys:  # 16 keys, then every head's scores for them (the keys in L1)
+        for r in range(R):
+            dot_rows16(s[r], j, q, r * hd, keys, j * hd, hd, hd)
         j += LANES
-    for j in range(j, n_keys):
-        s[j] = dot_chunks(q, 0, keys, j * hd, hd)
-    _softmax_values(out, s, q, keys, values, n_keys, scale, softcap)
+    for r in range(R):
+        for jj in range(j, n_keys):
+            s[r, jj] = dot_chunks(q, r * hd, keys, jj * hd, hd)
+        _probabilities(s[r], q[r * hd : (r + 1) * hd], keys, n_keys, scale, softcap)
+    p_stride = s.strides[0] // 4
+    r = 0
+    while r < R:  # VALUE_HEADS heads per pass over the values
+        left = R - r
+        if left >= 3:
+            weighted_rows_3(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+        elif left == 2:
+            weighted_rows_2(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+        else:
+            weighted_rows_1(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+        r += min(left, VALUE_HEADS)
+    for r in range(R):
+        _tail_columns(out[r * hd : (r + 1) * hd], s[r], values, n_keys)
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH)
 def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
-    """The rest of attend once s[:n_keys] holds the scores' full-chunk sums: their hd % 16 tails,
-    the scale (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does) and the
-    weighted values. The exp is plain arithmetic (kernels.expf), so those loops vectorise.
-    """
+    """The rest of one head's attend once s[:n_keys] holds the scores' full-chunk sums: the
+    probabilities (_probabilities), then the weighted values."""
+    _probabilities(s, q, keys, n_keys, scale, softcap)
+    weighted_rows_1(out, 0, 0, s, 0, 0, values, 0, n_keys, q.shape[0])  # values: (ctx, hd) contiguous
+    _tail_columns(out, s, values, n_keys)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _probabilities(s, q, keys, n_keys, scale, softcap):
+    """s[:n_keys], the scores' full-chunk sums, into probabilities: their hd % 16 tails, the scale
+    (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does). The exp is plain
+    arithmetic (kernels.expf), so those loops vectorise."""
     hd = q.shape[0]
     full = hd - hd % LANES
     if full < hd:
@@ -63,15 +92,21 @@ def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     norm = total(s, n_keys)
     for j in range(n_keys):
         s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
-    weighted_rows(out, s, values, 0, n_keys, hd)  # values: (ctx, hd) contiguous
-    for d in range(full, hd):  # the same order: even keys, odd keys, then their sum
+
+
+@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+def _tail_columns(out, p, values, n_keys):
+    """out[d] for the hd % 16 columns the weighted rows leave, in their order: even keys, odd
+    keys, then their sum."""
+    hd = out.shape[0]
+    for d in range(hd - hd % LANES, hd):
         even = np.float32(0.0)
         odd = np.float32(0.0)
         for j in range(0, n_keys - 1, 2):
-            even += s[j] * values[j, d]
-            odd += s[j + 1] * values[j + 1, d]
+            even += p[j] * values[j, d]
+            odd += p[j + 1] * values[j + 1, d]
         if n_keys % 2 == 1:
-            even += s[n_keys - 1] * values[n_keys - 1, d]
+            even += p[n_keys - 1] * values[n_keys - 1, d]
         out[d] = even + odd
 
 

@@ -9,7 +9,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .ir_blocks import F32, I32, I64, LANES, VEC, as_i64, chunk_loop, data_ptr, fma_vec, load_f32, loop, reduce16_vector, reduce_tree, tile_4x4
+from .ir_blocks import F32, I32, I64, LANES, VEC, as_i64, chunk_loop, data_ptr, fma_vec, load_f32, loop, reduce16_vector, reduce_tree, splat, tile_4x4
 from .jit import EXACT_MATH
 
 
@@ -99,61 +99,83 @@ def dot_rows16(typingctx, out, o, a, a_off, b, b_off, stride, n):
     return sig, codegen
 
 
-@intrinsic
-def weighted_rows(typingctx, out, p, v, v_off, n, stride):
-    """out[d] = sum over j < n of p[j] * v[v_off + j * stride + d], for d in the full chunks of
-    d < stride (attention's probabilities times values).
+# The most query heads one pass over the values serves: 8 accumulators each (4 chunks x even/odd)
+# plus the row loads fit AVX-512's 32 registers for 3.
+VALUE_HEADS = 3
+
+
+def _weighted_rows(heads: int):
+    """An intrinsic weighted_rows_<heads>(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride):
+    out[o_off + h o_stride + d] = sum over j < n of p[p_off + h p_stride + j] * v[v_off + j stride + d],
+    for h < heads and d in the full chunks of d < stride (attention's probabilities times values,
+    for query heads sharing one KV head: each value row is loaded once for all of them).
 
     Each output is two sequential sums, over even and over odd j, added at the end: independent
-    FMA chains in a fixed order. Rows are read whole, 64 columns (4 chunks) at a time.
-    """
-    sig = types.void(out, p, v, v_off, n, stride)
+    FMA chains in a fixed order, the same whatever `heads` is. Rows are read whole, 64 columns
+    (4 chunks) at a time."""
 
-    def codegen(context, builder, signature, args):
-        po = data_ptr(context, builder, signature.args[0], args[0], I64(0), F32)
-        pp = data_ptr(context, builder, signature.args[1], args[1], I64(0), F32)
-        pv = data_ptr(context, builder, signature.args[2], args[2], as_i64(builder, args[3], None), F32)
-        n, stride = as_i64(builder, args[4], None), as_i64(builder, args[5], None)
-        zero = ir.Constant(VEC, [0.0] * LANES)
-        full = builder.and_(stride, I64(-LANES))
-        group = 4 * LANES
+    def typer(typingctx, out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride):
+        sig = types.void(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride)
 
-        def splat(j):
-            pj = builder.load(builder.gep(pp, [j], source_etype=F32), typ=F32, align=4)
-            vec = builder.insert_element(ir.Constant(VEC, ir.Undefined), pj, I32(0))
-            return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+        def codegen(context, builder, signature, args):
+            o_off, o_stride, p_off, p_stride, v_off, n, stride = [as_i64(builder, args[i], None) for i in (1, 2, 4, 5, 7, 8, 9)]
+            po = data_ptr(context, builder, signature.args[0], args[0], o_off, F32)
+            pp = data_ptr(context, builder, signature.args[3], args[3], p_off, F32)
+            pv = data_ptr(context, builder, signature.args[6], args[6], v_off, F32)
+            outs = [builder.gep(po, [builder.mul(o_stride, I64(h))], source_etype=F32) for h in range(heads)]
+            probs = [builder.gep(pp, [builder.mul(p_stride, I64(h))], source_etype=F32) for h in range(heads)]
+            zero = ir.Constant(VEC, [0.0] * LANES)
+            full = builder.and_(stride, I64(-LANES))
+            group = 4 * LANES
 
-        def term(pj, j, c, acc):
-            return fma_vec(builder, pj, load_f32(builder, pv, builder.add(builder.mul(j, stride), c)), acc)
+            def prob(h, j):
+                return splat(builder, builder.load(builder.gep(probs[h], [j], source_etype=F32), typ=F32, align=4))
 
-        def columns(c0, width):
-            """Outputs c0 .. c0 + 16 * width: accumulators (even, odd) per chunk."""
-            cols = [builder.add(c0, I64(LANES * i)) for i in range(width)]
+            def row(j, cols):
+                return [load_f32(builder, pv, builder.add(builder.mul(j, stride), c)) for c in cols]
 
-            def pair(j, accs):
-                j1 = builder.add(j, I64(1))
-                p0, p1 = splat(j), splat(j1)
-                new = []
-                for i, c in enumerate(cols):
-                    new += [term(p0, j, c, accs[2 * i]), term(p1, j1, c, accs[2 * i + 1])]
-                return new
+            def columns(c0, width):
+                """Outputs c0 .. c0 + 16 * width of every head: accumulators (even, odd) per chunk."""
+                cols = [builder.add(c0, I64(LANES * i)) for i in range(width)]
+                A = 2 * width  # per head
 
-            def last(j, accs):  # n odd: the last key joins the even sum
-                pj = splat(j)
-                return [term(pj, j, cols[i // 2], a) if i % 2 == 0 else a for i, a in enumerate(accs)]
+                def pair(j, accs):
+                    j1 = builder.add(j, I64(1))
+                    even, odd = row(j, cols), row(j1, cols)
+                    new = []
+                    for h in range(heads):
+                        p0, p1 = prob(h, j), prob(h, j1)
+                        for i in range(width):
+                            new += [fma_vec(builder, p0, even[i], accs[A * h + 2 * i]), fma_vec(builder, p1, odd[i], accs[A * h + 2 * i + 1])]
+                    return new
 
-            accs = loop(builder, I64(0), builder.and_(n, I64(-2)), 2, [zero] * (2 * width), pair)
-            accs = loop(builder, builder.and_(n, I64(-2)), n, 1, accs, last)
-            for i, c in enumerate(cols):
-                total = builder.fadd(accs[2 * i], accs[2 * i + 1])
-                builder.store(total, builder.bitcast(builder.gep(po, [c], source_etype=F32), VEC.as_pointer()), align=4)
-            return []
+                def last(j, accs):  # n odd: the last key joins the even sums
+                    even, new = row(j, cols), list(accs)
+                    for h in range(heads):
+                        pj = prob(h, j)
+                        for i in range(width):
+                            new[A * h + 2 * i] = fma_vec(builder, pj, even[i], accs[A * h + 2 * i])
+                    return new
 
-        loop(builder, I64(0), full, group, [], lambda c, _: columns(c, 4))
-        loop(builder, builder.and_(full, I64(-group)), full, LANES, [], lambda c, _: columns(c, 1))
-        return context.get_dummy_value()
+                accs = loop(builder, I64(0), builder.and_(n, I64(-2)), 2, [zero] * (A * heads), pair)
+                accs = loop(builder, builder.and_(n, I64(-2)), n, 1, accs, last)
+                for h in range(heads):
+                    for i, c in enumerate(cols):
+                        total = builder.fadd(accs[A * h + 2 * i], accs[A * h + 2 * i + 1])
+                        builder.store(total, builder.bitcast(builder.gep(outs[h], [c], source_etype=F32), VEC.as_pointer()), align=4)
+                return []
 
-    return sig, codegen
+            loop(builder, I64(0), full, group, [], lambda c, _: columns(c, 4))
+            loop(builder, builder.and_(full, I64(-group)), full, LANES, [], lambda c, _: columns(c, 1))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = f"weighted_rows_{heads}"
+    return intrinsic(typer)
+
+
+weighted_rows_1, weighted_rows_2, weighted_rows_3 = (_weighted_rows(h) for h in (1, 2, 3))
 
 
 @intrinsic

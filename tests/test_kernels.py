@@ -213,7 +213,7 @@ def test_attention_window_scale_softcap(window, softcap):
     K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap)
     expected = ref_attention(q, k_cache, v_cache, pos0, window, float(scale), softcap)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    s = np.empty(ctx, np.float32)
+    s = np.empty((1, ctx), np.float32)
     for t in range(T):
         p = pos0 + t
         lo = max(0, p - window + 1) if window else 0
@@ -222,6 +222,26 @@ def test_attention_window_scale_softcap(window, softcap):
             kv = h // (nh // nkv)
             K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap)
             np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
+
+
+@pytest.mark.parametrize("heads,hd,n_keys", [(2, 64, 1), (3, 64, 33), (4, 20, 16), (5, 72, 47), (7, 16, 50)])
+def test_attend_heads_each_as_alone(heads, hd, n_keys):
+    """attend over several query heads of one KV head (decode's GQA tasks, values read in passes
+    of up to 3 heads) gives each head what attend gives it alone, bit for bit, and the reference."""
+    ctx = 64
+    keys, values = rand(ctx, hd), rand(ctx, hd)
+    q = rand(heads * hd) * 2
+    scale, cap = np.float32(hd**-0.5), np.float32(0.0)
+    out = np.empty(heads * hd, np.float32)
+    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap)
+    for h in range(heads):
+        alone = np.empty(hd, np.float32)
+        K.attend(alone, q[h * hd : (h + 1) * hd], keys, values, n_keys, np.empty((1, ctx), np.float32), scale, cap)
+        np.testing.assert_array_equal(out[h * hd : (h + 1) * hd], alone)
+        scores = keys[:n_keys].astype(np.float64) @ q[h * hd : (h + 1) * hd] * float(scale)
+        weights = np.exp(scores - scores.max())
+        expected = (weights / weights.sum()) @ values[:n_keys]
+        np.testing.assert_allclose(out[h * hd : (h + 1) * hd], expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("T,I", [(1, 1), (3, 37), (8, 131)])
