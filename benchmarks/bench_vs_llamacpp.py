@@ -69,13 +69,13 @@ WORKER_LLAMA = r"""
 import ctypes, json, sys, time
 import numpy as np
 import llama_cpp as L
-path, P, G, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+path, P, G, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 L.llama_backend_init()
 mp = L.llama_model_default_params()
 t0 = time.perf_counter()
 model = L.llama_load_model_from_file(path.encode(), mp)
 cp = L.llama_context_default_params()
-cp.n_ctx = 1024; cp.n_batch = 512; cp.n_ubatch = 512
+cp.n_ctx = n_ctx; cp.n_batch = 512; cp.n_ubatch = 512
 cp.n_threads = threads; cp.n_threads_batch = threads
 ctx = L.llama_init_from_model(model, cp)
 load_s = time.perf_counter() - t0
@@ -85,9 +85,11 @@ prompt = rng.integers(0, V, size=P).astype(np.int32)
 mem = L.llama_get_memory(ctx)
 
 def decode(tokens):
-    arr = (L.llama_token * len(tokens))(*[int(t) for t in tokens])
-    if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(tokens))) != 0:
-        raise SystemExit("llama_decode failed")
+    for start in range(0, len(tokens), 512):  # n_batch tokens per call
+        part = tokens[start : start + 512]
+        arr = (L.llama_token * len(part))(*[int(t) for t in part])
+        if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(part))) != 0:
+            raise SystemExit("llama_decode failed")
     return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(V,))
 
 decode(prompt[:8]); decode(prompt[:1]); L.llama_memory_clear(mem, True)  # warm-up
@@ -308,15 +310,20 @@ def save_bf16(tensors: dict, path: Path) -> None:
 # ------------------------------------------------------------------ runs
 
 
+def context_size(P: int, G: int) -> int:
+    """Both engines' context: 1024, or the prompt and generated tokens rounded up to 256."""
+    return max(1024, -(-(P + G) // 256) * 256)
+
+
 def run_minillm(model: Path, dtype: str | None, P: int, G: int, threads: int) -> dict:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     cmd = [sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model), "--prompt-tokens", str(P),
-           "--gen-tokens", str(G), "--ctx", "1024", "--json"] + (["--dtype", dtype] if dtype else [])
+           "--gen-tokens", str(G), "--ctx", str(context_size(P, G)), "--json"] + (["--dtype", dtype] if dtype else [])
     return last_json(sh(cmd, env=env))
 
 
 def run_llama(gguf: Path, P: int, G: int, threads: int) -> dict:
-    return last_json(sh([sys.executable, "-c", WORKER_LLAMA, str(gguf), str(P), str(G), str(threads)]))
+    return last_json(sh([sys.executable, "-c", WORKER_LLAMA, str(gguf), str(P), str(G), str(threads), str(context_size(P, G))]))
 
 
 def bandwidth_gb_s(threads: int) -> float:

@@ -4,8 +4,11 @@ bench_vs_llamacpp.py (one file, no transformers, no bandwidth samples), for a ch
 
     python benchmarks/pair_file.py FILE.gguf [--rounds 5] [--threads 2]
 
-Prints prefill of 512 tokens and decode of 128 tokens after a 128-token prompt (both engines at
-the same context depth), and each engine's figures per round. Benchmarks are not tests.
+    python benchmarks/pair_file.py FILE.gguf --depths 128,1024,4000   # decode deeper into the context
+
+Prints prefill of 512 tokens and decode of 128 tokens after a prompt of each --depths tokens (128
+unless given; both engines at the same context depth), and each engine's figures per round.
+Benchmarks are not tests.
 """
 
 import argparse
@@ -22,18 +25,22 @@ def main() -> None:
     ap.add_argument("gguf", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depths", default="128", help="comma-separated prompt lengths to decode after")
     args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    metrics = ["prefill512"] + [f"decode@{d}" for d in depths]
     bench.ensure_llama_cpp()
-    figures = {(engine, metric): [] for engine in ("minillm", "llama.cpp") for metric in ("prefill512", "decode128")}
+    figures = {(engine, metric): [] for engine in ("minillm", "llama.cpp") for metric in metrics}
     for r in range(args.rounds):
         order = ["minillm", "llama.cpp"] if r % 2 == 0 else ["llama.cpp", "minillm"]
         for engine in order:
             run = bench.run_minillm if engine == "minillm" else (lambda f, _d, P, G, t: bench.run_llama(f, P, G, t))
-            figures[(engine, "decode128")].append(run(args.gguf, None, 128, 128, args.threads)["decode_tok_s"])
+            for d in depths:
+                figures[(engine, f"decode@{d}")].append(run(args.gguf, None, d, 128, args.threads)["decode_tok_s"])
             figures[(engine, "prefill512")].append(run(args.gguf, None, 512, 0, args.threads)["prefill_tok_s"])
         print(f"round {r + 1}: " + ", ".join(f"{e} {m} {v[-1]:.1f}" for (e, m), v in figures.items()), flush=True)
     print(f"\n{args.gguf.name}, {args.rounds} rounds, {args.threads} threads: tok/s minillm / llama.cpp = ratio")
-    for metric in ("prefill512", "decode128"):
+    for metric in metrics:
         ours, theirs = statistics.median(figures[("minillm", metric)]), statistics.median(figures[("llama.cpp", metric)])
         ahead = sum(a > b for a, b in zip(figures[("minillm", metric)], figures[("llama.cpp", metric)]))
         print(f"  {metric}: {ours:.1f} / {theirs:.1f} = {ours / theirs:.2f} (minillm ahead in {ahead}/{args.rounds} rounds)")

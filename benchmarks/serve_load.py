@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -113,6 +114,12 @@ def cpu_by_kind(server: subprocess.Popen) -> dict[str, float]:
     return totals
 
 
+def own_cpu_s() -> float:
+    """CPU seconds this process (the load generator's client threads) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(args, extra: list[str]) -> list[dict]:
     """Start a server (cli.py serve + extra flags), run every concurrency level, stop it."""
     port = free_port()
@@ -134,11 +141,14 @@ def measure(args, extra: list[str]) -> list[dict]:
         level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
         rows = []
         for c in args.levels.split(","):
-            before = cpu_by_kind(server)
+            before, load_before = cpu_by_kind(server), own_cpu_s()
             rows.append(level(base, int(c), args.requests_per_client, args.max_tokens))
-            after = cpu_by_kind(server)
-            # where the CPU goes per generated token (a process that ended in between is left out)
-            rows[-1]["cpu_ms_per_token"] = {k: 1000 * (after[k] - before.get(k, 0.0)) / rows[-1]["generated_tokens"] for k in after}
+            after, load_after = cpu_by_kind(server), own_cpu_s()
+            # where the CPU goes per generated token (a process that ended in between is left out);
+            # the load generator (this process) runs on the same cores as the server
+            tokens = rows[-1]["generated_tokens"]
+            rows[-1]["cpu_ms_per_token"] = {k: 1000 * (after[k] - before.get(k, 0.0)) / tokens for k in after}
+            rows[-1]["cpu_ms_per_token"]["load generator"] = 1000 * (load_after - load_before) / tokens
         return rows
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -170,9 +180,10 @@ def main() -> None:
         for r in rows:
             print(f"| {name} | {r['concurrency']} | {r['requests']} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
                   f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
-    print("\nCPU ms per generated token, by process (at the highest concurrency):")
+    print("\nCPU ms per generated token, by process (the load generator shares the server's cores):")
     for name, rows in runs.items():
-        print(f"- {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(rows[-1]["cpu_ms_per_token"].items())))
+        for r in rows:
+            print(f"- {name}, concurrency {r['concurrency']}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_ms_per_token"].items())))
     out = ROOT / "benchmarks" / "serve_results.json"
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "model": args.model, "dtype": args.dtype, "runs": runs}, indent=2) + "\n")
     print(f"\nwrote {out}")
