@@ -29,8 +29,9 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
     keys, values: (>= n_keys, hd) of the KV head, from the first key the queries see; s (R, >=
     n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
     head's output is the same, bit for bit, whatever R is, and each key and value row is read
-    once for all R heads: a head at a time, the first read them from memory and the others from
-    L2 while memory waited (the default model's KV cache, 2 threads, attention alone: 1.3-1.6x).
+    once for all R heads. A head at a time, the first read them from memory and the others from
+    L2 while memory waited: attention alone on the default model's cache after 4000 tokens, 2
+    threads, 9.9 -> 8.1 ms a step.
     """
     R = s.shape[0]
     hd = keys.shape[1]
@@ -43,7 +44,7 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
         for jj in range(j, n_keys):
             s[r, jj] = dot_chunks(q, r * hd, keys, jj * hd, hd)
         _probabilities(s[r], q[r * hd : (r + 1) * hd], keys, n_keys, scale, softcap)
-    p_stride = s.strides[0] // 4
+    p_stride = s.strides[0] // s.itemsize
     r = 0
     while r < R:  # VALUE_HEADS heads per pass over the values
         left = R - r

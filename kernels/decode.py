@@ -361,7 +361,7 @@ def decode_batch(buf, w, k_pool, v_pool, cos, sin, eps):
     threads = claims.shape[1]
     tq, tkv, th, ti = (q_dim + R - 1) // R, (kv_dim + R - 1) // R, (H + R - 1) // R, (I + R - 1) // R
     # attention's tasks: each KV head with all its query heads (kernels.attention.attend), split
-    # in parts until the threads get as many tasks each. One sequence of the default model is 3
+    # in parts until the tasks divide evenly among the threads. One sequence of the default model is 3
     # KV heads: 2 + 1 on two threads cost float32 decode 3% (4 alternating rounds); in 2 parts,
     # 6 tasks of 1 or 2 heads go 4 + 5 heads, as one head a task did.
     parts = 1
