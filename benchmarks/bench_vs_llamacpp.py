@@ -85,8 +85,8 @@ prompt = rng.integers(0, V, size=P).astype(np.int32)
 mem = L.llama_get_memory(ctx)
 
 def decode(tokens):
-    for start in range(0, len(tokens), 512):  # n_batch tokens per call
-        part = tokens[start : start + 512]
+    for start in range(0, len(tokens), cp.n_batch):  # at most n_batch tokens a call
+        part = tokens[start : start + cp.n_batch]
         arr = (L.llama_token * len(part))(*[int(t) for t in part])
         if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(part))) != 0:
             raise SystemExit("llama_decode failed")
