@@ -7,6 +7,7 @@
     python cli.py perplexity [--model DIR] --file TEXT [--ctx N] [--stride S] [--dtypes D ...] [--hf] [--plot FILE] [--json]
     python cli.py bench      [--model DIR] [--prompt-tokens P] [--gen-tokens G] [--json]
     python cli.py serve      [--model DIR] [--port 8000] [--max-batch N] [--api-key KEY]
+    python cli.py warmup     [--model PATH | --dtype D | --formats F ...]
     python cli.py import     FILE.gguf DIR
 
 Any error is one line on stderr and exit code 2.
@@ -20,8 +21,6 @@ import sys
 from pathlib import Path
 
 EXIT_ERROR = 2
-# minillm.checkpoint.DTYPES and GGUF_STORED, without importing numba to parse flags
-DTYPES = ("float32", "bfloat16", "int8", "q4_0", "gguf")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,20 +34,24 @@ def _fail(message: str) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from kernels.formats import DTYPE_CHOICES
+    from minillm.options import Options
+
     parser = _Parser(prog="minillm", description="CPU inference for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_flags(p):
-        p.add_argument("--model", metavar="PATH", help="HF checkpoint directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)")
-        p.add_argument("--ctx", type=int, metavar="N", help="context size (default: min(max positions, 4096))")
+        p.add_argument("--model", metavar="PATH", help=Options.help("model"))
+        p.add_argument("--ctx", type=int, metavar="N", help=Options.help("ctx"))
         p.add_argument(
             "--dtype",
-            choices=DTYPES,
+            choices=DTYPE_CHOICES,
             help="weight precision: a directory's default float32 is exact (the logits transformers gives); "
             "bfloat16, int8 and q4_0 read a half, a quarter and an eighth of the bytes per token. A GGUF "
             "runs as stored by default (gguf), exactly its dequantized weights' logits",
         )
-        p.add_argument("--check-weights", action="store_true", help="reject weights containing NaN or Inf")
+        p.add_argument("--check-weights", action="store_true", help=Options.help("check_weights"))
+        p.add_argument("--threads", type=int, metavar="N", help=Options.help("threads"))
 
     def sampling_flags(p, max_tokens=256):
         p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N")
@@ -93,7 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--stride", type=int, metavar="S", help="tokens between windows (default: half the window)")
     ppl.add_argument("--hf", action="store_true", help="also run transformers on the very same windows")
     ppl.add_argument("--json", action="store_true")
-    ppl.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="D", help="run at each of these precisions (default: --dtype)")
+    ppl.add_argument("--dtypes", nargs="+", choices=DTYPE_CHOICES, metavar="D", help="run at each of these precisions (default: --dtype)")
     ppl.add_argument("--plot", metavar="FILE", help="draw the perplexity of each precision (.png or .svg; needs minillm[plot])")
 
     _serve_flags(sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching"), model_flags)
@@ -103,6 +106,12 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompt-tokens", type=int, default=128, metavar="P")
     b.add_argument("--gen-tokens", type=int, default=128, metavar="G")
     b.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    wu = sub.add_parser("warmup", help="compile the kernels for this CPU ahead of time (images, replicas), then exit")
+    what = wu.add_mutually_exclusive_group()
+    what.add_argument("--model", metavar="PATH", help="what this model needs (default: the bundled model at float32)")
+    what.add_argument("--dtype", choices=[d for d in DTYPE_CHOICES if d != "gguf"], help="what a checkpoint loaded at this precision needs")
+    what.add_argument("--formats", nargs="+", metavar="F", help="these weight formats (a GGUF's: Q4_0, Q4_K, Q6_K, Q8_0, ..)")
 
     im = sub.add_parser("import", help="import a Llama-architecture GGUF file as an HF-format directory")
     im.add_argument("gguf", metavar="FILE.gguf")
@@ -121,10 +130,20 @@ def _sampling(args) -> dict:
     )
 
 
+def _options(args):
+    """The minillm.options.Options the flags give (the ones a command has)."""
+    from dataclasses import fields
+
+    from minillm.options import Options
+
+    names = {f.name for f in fields(Options)}
+    return Options(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+
+
 def _load(args):
     import minillm
 
-    return minillm.load(args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights)
+    return minillm.load(options=_options(args))
 
 
 def _write(piece: str) -> None:
@@ -329,84 +348,81 @@ def cmd_perplexity(args) -> int:
 
 
 def _serve_flags(sv, model_flags) -> None:
-    """The serve command's flags: the model's, the HTTP server's, and the cluster's (--replicas)."""
+    """The serve command's flags: the model's, the HTTP server's, and the cluster's (--replicas);
+    defaults and help from minillm.options.Options."""
+    from minillm.options import DEFAULTS, Options
+
     model_flags(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together")
-    sv.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests allowed to wait (then 429)")
-    sv.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
-    sv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
-                    help="on SIGTERM, seconds running requests may take to finish")
-    sv.add_argument("--cache-mb", type=float, metavar="MB",
-                    help="memory for the prefix KV cache shared by requests (default: a fifth of free memory, at most 2048; 0: off)")
-    sv.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the directory name)")
-    sv.add_argument("--replicas", type=int, metavar="N", help="N engine replicas on Ray Serve behind one endpoint (minillm[cluster])")
+    sv.add_argument("--host", default=DEFAULTS.host)
+    sv.add_argument("--port", type=int, default=DEFAULTS.port)
+    sv.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, metavar="N", help=Options.help("max_batch"))
+    sv.add_argument("--max-queue", type=int, default=DEFAULTS.max_queue, metavar="N", help=Options.help("max_queue"))
+    sv.add_argument("--api-key", metavar="KEY", help=Options.help("api_key"))
+    sv.add_argument("--shutdown-timeout", type=float, default=DEFAULTS.shutdown_timeout, metavar="S", help=Options.help("shutdown_timeout"))
+    sv.add_argument("--cache-mb", type=float, metavar="MB", help=Options.help("cache_mb"))
+    sv.add_argument("--model-name", help=Options.help("model_name"))
+    sv.add_argument("--replicas", type=int, metavar="N", help=Options.help("replicas"))
     sv.add_argument("--threads-per-replica", type=int, metavar="T", help="CPUs and Numba threads per replica (default 1)")
-    sv.add_argument("--autoscale", metavar="MIN:MAX", help="scale replicas between MIN and MAX on ongoing requests")
-    sv.add_argument("--ingress-replicas", type=int, metavar="N",
-                    help="replicas of the HTTP ingress, which relays every token (about one per machine; default 1)")
-    sv.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local Ray with the command)")
+    sv.add_argument("--autoscale", metavar="MIN:MAX", type=_autoscale, help=Options.help("autoscale"))
+    sv.add_argument("--ingress-replicas", type=int, metavar="N", help=Options.help("ingress_replicas"))
+    sv.add_argument("--ray-address", metavar="ADDR", help=Options.help("ray_address"))
 
 
 def cmd_serve(args) -> int:
-    import minillm
     from minillm import UsageError
-    from minillm.default_model import MODEL_NAME
 
-    name = args.model_name or (Path(args.model).stem if args.model and args.model.endswith(".gguf") else
-                               os.path.basename(os.path.normpath(args.model)) if args.model else MODEL_NAME)
+    for flag in ("threads_per_replica", "ingress_replicas"):  # cluster flags on a single server
+        if getattr(args, flag) is not None and not (args.replicas or args.autoscale or args.ray_address):
+            raise UsageError(f"--{flag.replace('_', '-')} needs --replicas, --autoscale or --ray-address")
+    if args.threads_per_replica is not None:
+        args.threads = args.threads_per_replica
+    options = _options(args)
 
     def ready():
-        precision = f" ({args.dtype})" if args.dtype else ""
-        where = f" on {args.replicas or 'autoscaled'} Ray Serve replicas" if args.replicas or args.autoscale else ""
-        print(f"minillm serving {name}{precision}{where} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+        precision = f" ({options.dtype})" if options.dtype else ""
+        where = f" on {options.replicas or 'autoscaled'} Ray Serve replicas" if options.clustered else ""
+        print(f"minillm serving {options.served_name}{precision}{where} on http://{options.host}:{options.port}/v1", file=sys.stderr)
 
-    if args.replicas is not None or args.autoscale or args.ray_address:
+    if options.clustered:
         from minillm.cluster import require_ray, run
 
         require_ray()
-        if args.replicas is not None and args.autoscale:
-            raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
-        autoscale = _autoscale(args.autoscale) if args.autoscale else None
-        replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
-        threads, ingress = args.threads_per_replica or 1, args.ingress_replicas or 1
-        if min(replicas, threads, ingress) < 1:
-            raise UsageError("--replicas, --threads-per-replica and --ingress-replicas must be >= 1")
-        run(args.model, name, args.api_key, args.host, args.port, args.ray_address, on_ready=ready, replicas=replicas,
-            threads=threads, autoscale=autoscale, ingress_replicas=ingress, max_batch=args.max_batch,
-            max_queue=args.max_queue, ctx=args.ctx, dtype=args.dtype, cache_mb=args.cache_mb,
-            check_weights=args.check_weights, shutdown_timeout=args.shutdown_timeout)
+        run(options, on_ready=ready)
         return 0
-    for flag in ("threads_per_replica", "ingress_replicas"):  # cluster flags on a single server
-        if getattr(args, flag) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} needs --replicas, --autoscale or --ray-address")
 
+    import minillm
     from minillm.server import serve
 
-    def load():
-        return minillm.load(
-            args.model, ctx=args.ctx, dtype=args.dtype, check_weights=args.check_weights,
-            max_batch=args.max_batch, max_queue=args.max_queue, cache_mb=args.cache_mb,
-        )
-
-    error = serve(load, name, host=args.host, port=args.port, api_key=args.api_key,
-                  shutdown_timeout=args.shutdown_timeout, on_ready=ready)
+    error = serve(lambda: minillm.load(options=options), options, on_ready=ready)
     if error is not None:
         raise error
     return 0
 
 
 def _autoscale(text: str) -> tuple[int, int]:
-    from minillm import UsageError
-
     try:
         low, high = (int(v) for v in text.split(":"))
     except ValueError:
-        raise UsageError(f"--autoscale takes MIN:MAX, got {text!r}") from None
-    if not 1 <= low <= high:
-        raise UsageError(f"--autoscale needs 1 <= MIN <= MAX, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--autoscale takes MIN:MAX, got {text!r}") from None
     return low, high
+
+
+def cmd_warmup(args) -> int:
+    from minillm.warmup import formats_for, warm
+
+    if args.model is not None:
+        import time
+
+        import minillm
+
+        start = time.perf_counter()
+        minillm.load(args.model)
+        print(f"kernels for {args.model} ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        return 0
+    formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or ())
+    seconds = warm(formats)
+    print(f"kernels for {', '.join(f.name for f in formats)} ready in {seconds:.1f} s", file=sys.stderr)
+    return 0
 
 
 def cmd_import(args) -> int:
@@ -425,6 +441,7 @@ COMMANDS = {
     "perplexity": cmd_perplexity,
     "bench": cmd_bench,
     "serve": cmd_serve,
+    "warmup": cmd_warmup,
     "import": cmd_import,
 }
 

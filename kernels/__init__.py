@@ -1,12 +1,19 @@
-"""Numba CPU kernels for a pre-norm Llama forward pass.
+"""Numba CPU kernels for a pre-norm Llama forward pass, and the weight formats they run.
 
 Every kernel is a pure function over preallocated arrays, output first, and has a plain NumPy
-reference in tests/test_kernels.py. Shapes: T tokens, H hidden, K/N matmul in/out, nh/nkv
-query/KV heads, hd head dim, ctx cache length. Weight matrices come at any precision of
-`quant` (float32, bfloat16 bits, int8 blocks + scales) or as GGUF blocks (`blocks`); sums are float32, and so are
-activations, except that they are rounded to bfloat16 where they meet bfloat16 weights and
-quantized to int16 per block of 32 where they meet int8 weights or GGUF blocks regrouped for
-integer products (`row_groups`).
+reference in tests/test_kernels.py. Shapes: T rows (tokens), H hidden, K/N matmul in/out,
+nh/nkv query/KV heads, hd head dim, ctx cache length.
+
+    formats     the table of weight formats, and each format's compiled kernels
+    forward     the layer sequence over a batch of rows: prefill, decode, batched decode
+    matmul      linear layers for every format, tiles chosen by row count
+    attention   causal GQA attention over the KV cache
+    rmsnorm, rope, swiglu                      the other operations of a layer
+    row_products, gguf_blocks, integer_products the dot products of each family of formats
+    activation_operands, quantize              activations and weights converted for them
+    float_sums, vector_ir, vector_math         fixed-order sums and their LLVM building blocks
+    top_k, logit_mask                          sampling's kernels
+    work_sharing, jit, target                  threads, Numba settings, the CPU compiled for
 """
 
 import os
@@ -24,23 +31,30 @@ if sys.platform.startswith("linux") and "OMP_WAIT_POLICY" not in os.environ and 
     os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     os.environ["GOMP_SPINCOUNT"] = "300000"
 
-from . import jit  # first: every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
-from .activation_prep import quantize_activations
-from .blocks import FORMATS as BLOCK_FORMATS, Q4_0, Q8_0
+from . import target
+
+target.use_named_cpu_features()  # before anything compiles: NUMBA_CPU_NAME alone means that CPU's features
+
+from . import jit  # every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
+from .activation_operands import quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
-from .decode import DecodeBuffers, DecodeWeights, decode_batch
-from .ir_blocks import QBLOCK
-from .mask import mask_logits
-from .row_groups import GROUP as ROW_GROUP, GROUPED, PER_BLOCK as SPLIT_PER_BLOCK, can_group, group_rows
-from .matmul import add_bias, matmul, matvec
-from .quant import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, dequantize, gather_rows, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
+from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, LOAD_DTYPES, Operand, WeightFormat, kernels_for, prepare_for
+from .forward import STATE_TYPE as forward_state_type, ModelWeights, Rows, Workspace
+from .gguf_blocks import FORMATS as BLOCK_FORMATS, Q4_0, Q8_0
+from .integer_products import GROUP as ROW_GROUP, PER_BLOCK as SPLIT_PER_BLOCK, group_rows
+from .logit_mask import mask_logits
+from .matmul import add_bias, dequantize, matmul
+from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
 from .rmsnorm import rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
-from .select import top_k
 from .swiglu import gated, softcap_row, swiglu
+from .top_k import top_k
+from .vector_ir import QBLOCK
 
 __all__ = [
-    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "DecodeBuffers", "DecodeWeights", "decode_batch", "add_bias", "matmul", "matvec",
-    "mask_logits", "ROW_GROUP", "GROUPED", "SPLIT_PER_BLOCK", "can_group", "group_rows", "BLOCK_FORMATS", "Q4_0", "Q4_0_BYTES", "quantize_q4_0", "Q8_0", "Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "INT8_MAX_WEIGHT", "QBLOCK", "dequantize", "gather_rows", "quantize_activations", "quantize_int8", "to_bf16", "rmsnorm", "rmsnorm_row",
-    "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu", "top_k",
+    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "LOAD_DTYPES", "Operand",
+    "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "BLOCK_FORMATS", "Q4_0", "Q8_0",
+    "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
+    "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row",
+    "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu", "top_k", "QBLOCK",
 ]

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from .expf import divide, exp_f32, tanh_f32
+from .vector_math import divide, exp_f32, tanh_f32
 from .float_sums import (LANES, VALUE_HEADS, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows_1,
                          weighted_rows_2, weighted_rows_3)
 from .jit import EXACT_MATH, kernel
@@ -68,11 +68,11 @@ def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     _tail_columns(out, s, values, n_keys)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def _probabilities(s, q, keys, n_keys, scale, softcap):
     """s[:n_keys], the scores' full-chunk sums, into probabilities: their hd % 16 tails, the scale
     (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does). The exp is plain
-    arithmetic (kernels.expf), so those loops vectorise."""
+    arithmetic (kernels.vector_math), so those loops vectorise."""
     hd = q.shape[0]
     full = hd - hd % LANES
     if full < hd:
@@ -95,7 +95,7 @@ def _probabilities(s, q, keys, n_keys, scale, softcap):
         s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def _tail_columns(out, p, values, n_keys):
     """out[d] for the hd % 16 columns the weighted rows leave, in their order: even keys, odd
     keys, then their sum."""
@@ -114,50 +114,54 @@ def _tail_columns(out, p, values, n_keys):
 QUERIES_PER_TASK = 4
 
 
+@njit(fastmath=EXACT_MATH, cache=True)
+def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, scale, softcap):
+    """Up to 4 consecutive queries of head h, rows r0..r0+nq-1 of q (their head h at columns
+    h hd..(h + 1) hd), at positions pos0.., into the same rows and columns of out: a prefill
+    attention task. Their scores come from 4 x 4 register tiles, so each key is loaded once for
+    four queries; scores rows row0.. are this task's scratch. Every score, and so every output,
+    equals what attend gives one query alone (the decode path), bit for bit."""
+    hd = keys.shape[1]
+    ctx = scores.shape[1]
+    stride = q.shape[1]
+    lo = h * hd
+    j = first_key(pos0, window) // 4 * 4  # scores before a query's first key go unused
+    if nq == QUERIES_PER_TASK:
+        while j + 4 <= pos0 + QUERIES_PER_TASK:
+            dot_4x4_into(scores, row0 * ctx + j, ctx, q, r0 * stride + lo, stride, keys, j * hd, hd, hd)
+            j += 4
+    for i in range(nq):
+        for jj in range(j, pos0 + i + 1):
+            scores[row0 + i, jj] = dot_chunks(q, (r0 + i) * stride + lo, keys, jj * hd, hd)
+    for i in range(nq):
+        j0 = first_key(pos0 + i, window)
+        _softmax_values(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], q[r0 + i, lo : lo + hd], keys[j0:], values[j0:],
+                        pos0 + i + 1 - j0, scale, softcap)
+
+
 @kernel(fastmath=EXACT_MATH)
 def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
-    """out (T, nh * hd) = causal softmax attention of q (T, nh * hd) over the cache.
+    """out (T, nh * hd) = causal softmax attention of q (T, nh * hd) over one sequence's cache,
+    the forward pass's prefill tasks (attend_queries) on their own.
 
     Query t sits at position p = pos0 + t and sees cache positions 0..p, or with a sliding
     window (window > 0) the last `window` of them, p - window + 1..p. Query head h reads
     KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
     rows per thread.
-
-    A task is 4 consecutive queries of one head: their scores come from 4 x 4 register tiles, so
-    each key is loaded once for four queries. Every score, and so every output, equals what
-    attend gives one query alone (the decode path), bit for bit.
     """
     nkv, ctx, hd = k_cache.shape
     T = q.shape[0]
     nh = q.shape[1] // hd
     n_rep = nh // nkv
-    QT = QUERIES_PER_TASK
-    n_blocks = (T + QT - 1) // QT
-    # Every head costs the same, so an even split of (head, block) tasks balances threads
+    n_blocks = (T + QUERIES_PER_TASK - 1) // QUERIES_PER_TASK
     for task in prange(nh * n_blocks):
         h = task // n_blocks
-        t0 = (task % n_blocks) * QT
-        nq = min(QT, T - t0)
-        lo = h * hd
-        keys = k_cache[h // n_rep]
-        values = v_cache[h // n_rep]
-        row0 = get_thread_id() * QT
-        j = first_key(pos0 + t0, window) // 4 * 4  # scores before a query's first key go unused
-        if nq == QT:
-            while j + 4 <= pos0 + t0 + QT:
-                dot_4x4_into(scores, row0 * ctx + j, ctx, q, t0 * q.shape[1] + lo, q.shape[1], keys, j * hd, hd, hd)
-                j += 4
-        for i in range(nq):
-            for jj in range(j, pos0 + t0 + i + 1):
-                scores[row0 + i, jj] = dot_chunks(q, (t0 + i) * q.shape[1] + lo, keys, jj * hd, hd)
-        for i in range(nq):
-            t = t0 + i
-            j0 = first_key(pos0 + t, window)
-            _softmax_values(out[t, lo : lo + hd], scores[row0 + i, j0:], q[t, lo : lo + hd], keys[j0:], values[j0:],
-                            pos0 + t + 1 - j0, scale, softcap)
+        t0 = (task % n_blocks) * QUERIES_PER_TASK
+        attend_queries(out, q, t0, min(QUERIES_PER_TASK, T - t0), h, k_cache[h // n_rep], v_cache[h // n_rep], pos0 + t0, window,
+                       scores, get_thread_id() * QUERIES_PER_TASK, scale, softcap)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def first_key(position, window):
     """The first cache position a query at `position` attends to: 0, or with a sliding window
     the oldest of its last `window` positions (transformers: key > query - window)."""

@@ -1,6 +1,6 @@
 """Fixed-order float32 sums over activations: dot products, totals and maxima of vectors (RMSNorm,
 softmax), and attention's score tiles (a query against 16 keys, 4 queries against 4 keys) and
-probability-weighted values. Full 16-lane chunks in LLVM IR (ir_blocks), then the tail in sequence;
+probability-weighted values. Full 16-lane chunks in LLVM IR (vector_ir), then the tail in sequence;
 every tile's result equals the single dot product of the same pair.
 """
 
@@ -9,7 +9,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .ir_blocks import F32, I32, I64, LANES, VEC, as_i64, chunk_loop, data_ptr, fma_vec, load_f32, loop, reduce16_vector, reduce_tree, splat, tile_4x4
+from .vector_ir import F32, I32, I64, LANES, VEC, as_i64, chunk_loop, data_ptr, fma_vec, load_f32, loop, reduce16_vector, reduce_tree, splat, tile_4x4
 from .jit import EXACT_MATH
 
 
@@ -197,7 +197,7 @@ def max_chunks(typingctx, a, n):
     return sig, codegen
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def dot(a, b):
     """sum(a * b) over two 1-D float32 arrays of equal length."""
     n = a.shape[0]
@@ -207,7 +207,7 @@ def dot(a, b):
     return result
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def total(a, n):
     """sum(a[:n]) of a 1-D float32 array."""
     result = sum_chunks(a, n)

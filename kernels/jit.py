@@ -33,7 +33,7 @@ def _package_stamp() -> str:
 class PackageCacheLocator(_numba("CacheLocator")):
     """Numba's on-disk cache stamped with every source file of this package, not only the
     kernel's own: kernels inline intrinsics and helpers from the other files, and Numba checks
-    only the file that defines the kernel. A change to row_groups.py alone left decode_batch's
+    only the file that defines the kernel. A change to integer_products.py alone left decode_batch's
     old machine code in __pycache__ in use (a decode step of 8 at 14.6 ms against 12.5 ms
     compiled afresh). The cache stays where Numba would put it (NUMBA_CACHE_DIR, __pycache__,
     or the user-wide directory)."""
@@ -43,6 +43,9 @@ class PackageCacheLocator(_numba("CacheLocator")):
 
     def __init__(self, place):
         self._place = place
+
+    def __getattr__(self, name):  # the rest (Numba's messages read _py_file) from the wrapped locator
+        return getattr(self._place, name)
 
     def ensure_cache_path(self):
         self._place.ensure_cache_path()
@@ -161,3 +164,249 @@ def load_numba_registries(without: tuple[str, ...] = NUMBA_EXTRAS_UNUSED) -> Non
         for name in hidden:
             if sys.modules.get(name, 0) is None:
                 del sys.modules[name]
+
+
+# ---------------------------------------------------------------- kernels called by address
+
+
+def address_call(signature, name: str):
+    """An intrinsic `name(address, *args)` that calls the compiled C function at `address` (a
+    kernels.formats kernel, a numba cfunc of `signature`) with args of exactly those types.
+
+    The callee is not linked into the caller: the caller compiles once for every format, and a
+    format's code is compiled (and optimised by LLVM) once, in its own module, only when a model
+    needs it. An indirect call costs ~30 ns, so callers make one per matrix and thread, not per row."""
+    from llvmlite import ir
+    from numba.core import types as nbtypes
+    from numba.extending import intrinsic
+
+    n = len(signature.args)
+
+    def typer(typingctx, address, *args):
+        if len(args) == 1 and isinstance(args[0], nbtypes.StarArgTuple):
+            args = tuple(args[0].types)
+        if len(args) != n or any(a != b for a, b in zip(args, signature.args)) or not isinstance(address, nbtypes.Integer):
+            return None
+        sig = signature.return_type(address, nbtypes.StarArgTuple(args))
+
+        def codegen(context, builder, sig, llargs):
+            values = [builder.extract_value(llargs[1], i) for i in range(n)]
+            ret = context.get_value_type(signature.return_type) if signature.return_type != nbtypes.void else ir.VoidType()
+            fnty = ir.FunctionType(ret, [context.get_value_type(t) for t in signature.args])
+            result = builder.call(builder.inttoptr(llargs[0], fnty.as_pointer()), values)
+            return context.get_dummy_value() if signature.return_type == nbtypes.void else result
+
+        return sig, codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+def _call_at():
+    from numba.core import types as nbtypes
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def call_at(typingctx, address, *args):
+        """Call the compiled Numba function at `address` (native_address) with args, returning
+        nothing: a function compiled for exactly these argument types. Numba's own calling
+        convention, so any argument type passes (tuples of arrays and typed lists, which C
+        callbacks refuse)."""
+        if len(args) == 1 and isinstance(args[0], nbtypes.StarArgTuple):
+            args = tuple(args[0].types)
+        if not isinstance(address, nbtypes.Integer):
+            return None
+        sig = nbtypes.void(address, nbtypes.StarArgTuple(args))
+
+        def codegen(context, builder, sig, llargs):
+            values = [builder.extract_value(llargs[1], i) for i in range(len(args))]
+            fnty = context.call_conv.get_function_type(nbtypes.none, args)
+            callee = builder.inttoptr(llargs[0], fnty.as_pointer())
+            context.call_conv.call_function(builder, callee, nbtypes.none, args, values)  # our kernels raise nothing
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return call_at
+
+
+call_at = _call_at()
+
+
+def native_address(dispatcher, signature) -> int:
+    """The address of a Numba function compiled for `signature`, as call_at calls it."""
+    cres = dispatcher.overloads[tuple(signature.args)]
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
+# ---------------------------------------------------------------- saying that kernels compile
+
+
+class CompileNotice:
+    """One line on stderr while kernels compile (the first run on a machine or after an update):
+    what compiles, for which CPU, and how far it is. Silent when everything loads from Numba's
+    cache, which takes milliseconds.
+
+        with CompileNotice("kernels for Q4_K and Q6_K", jobs=5) as notice:
+            for job in jobs:
+                build(job); notice.step()
+    """
+
+    _active = 0  # nested notices: only the outermost speaks
+
+    def __init__(self, what: str, jobs: int, stream=None):
+        import sys
+
+        self.what, self.jobs, self.done = what, jobs, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = None  # when the first compile began
+        self._listener = None
+
+    def __enter__(self):
+        from numba.core import event
+
+        CompileNotice._active += 1
+        if CompileNotice._active == 1 and not _quiet():
+            notice = self
+
+            class Listener(event.Listener):
+                def on_start(self, ev):
+                    notice._compiling()
+
+                def on_end(self, ev):
+                    pass
+
+            self._listener = Listener()
+            event.register("numba:compile", self._listener)
+        return self
+
+    def _compiling(self) -> None:
+        import time
+
+        if self.started is None:
+            from .target import describe
+
+            self.started = time.perf_counter()
+            self._write(f"compiling {self.what} for this CPU ({describe()}), first run only ...")
+
+    def step(self) -> None:
+        self.done += 1
+        if self.started is not None and self._tty():
+            self._write(f"compiling {self.what} for this CPU, first run only: {self.done}/{self.jobs}", end="")
+
+    def __exit__(self, *exc):
+        import time
+
+        from numba.core import event
+
+        CompileNotice._active -= 1
+        if self._listener is not None:
+            event.unregister("numba:compile", self._listener)
+        if self.started is not None:
+            self._write(f"compiled {self.what} in {time.perf_counter() - self.started:.0f} s; later runs load them from the cache")
+        return False
+
+    def _tty(self) -> bool:
+        return hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def _write(self, text: str, end: str = "\n") -> None:
+        if self._tty():
+            self.stream.write("\r\033[K" + text + end)
+        else:
+            if end:  # progress lines only on a terminal
+                self.stream.write(text + end)
+        self.stream.flush()
+
+
+def _quiet() -> bool:
+    import os
+
+    return os.environ.get("MINILLM_QUIET_COMPILE", "") not in ("", "0")
+
+
+# ---------------------------------------------------------------- array views without checks
+#
+# reshape and view compile their error paths (string formatting) into every caller: ~3 s of a
+# first run's compile. These make the same views of C-contiguous data the callers already
+# sized, with no checks.
+
+
+def _view_intrinsics():
+    from numba.core import types as nbtypes
+    from numba.core.imputils import impl_ret_borrowed
+    from numba.extending import intrinsic
+
+    def make(context, builder, arrty, arr, ret, dtype, shape):
+        src = context.make_array(arrty)(context, builder, arr)
+        out = context.make_array(ret)(context, builder)
+        item = context.get_abi_sizeof(context.get_data_type(dtype))
+        intp = context.get_value_type(nbtypes.intp)
+        shape = [builder.sext(s, intp) if s.type.width < intp.width else s for s in shape]
+        strides = [builder.mul(shape[1], intp(item)), intp(item)]
+        data = builder.bitcast(src.data, context.get_data_type(dtype).as_pointer())
+        context.populate_array(out, data=data, shape=shape, strides=strides, itemsize=intp(item), meminfo=src.meminfo, parent=None)
+        return impl_ret_borrowed(context, builder, ret, out._getvalue())
+
+    @intrinsic
+    def rows_view(typingctx, flat, rows, width):
+        """flat[:rows * width] as a (rows, width) C array of flat's dtype (flat: 1-D C)."""
+        if not isinstance(flat, nbtypes.Array) or flat.ndim != 1 or flat.layout != "C":
+            return None
+        ret = nbtypes.Array(flat.dtype, 2, "C")
+
+        def codegen(context, builder, sig, args):
+            return make(context, builder, sig.args[0], args[0], ret, flat.dtype, [args[1], args[2]])
+
+        return ret(flat, rows, width), codegen
+
+    @intrinsic
+    def reinterpret(typingctx, arr, dtype):
+        """A 2-D C array's rows as elements of `dtype` (a NumPy scalar type): (N, bytes // size)."""
+        if not isinstance(arr, nbtypes.Array) or arr.ndim != 2 or arr.layout != "C" or not isinstance(dtype, nbtypes.NumberClass):
+            return None
+        to = dtype.instance_type
+        ret = nbtypes.Array(to, 2, "C")
+
+        def codegen(context, builder, sig, args):
+            src = context.make_array(sig.args[0])(context, builder, args[0])
+            rows, width = cgutils_unpack(builder, src.shape, 2)
+            old = context.get_abi_sizeof(context.get_data_type(arr.dtype))
+            new = context.get_abi_sizeof(context.get_data_type(to))
+            width = builder.udiv(builder.mul(width, width.type(old)), width.type(new))
+            return make(context, builder, sig.args[0], args[0], ret, to, [rows, width])
+
+        return ret(arr, dtype), codegen
+
+    @intrinsic
+    def array_at(typingctx, table, i, dtype):
+        """The (rows, width) C array of `dtype` described by row i of `table` (int64 (n, 3): data
+        address, rows, width): memory a Python object owns and keeps alive (no reference is
+        counted, so code compiled without reference counting may make it)."""
+        if not isinstance(dtype, nbtypes.NumberClass) or not isinstance(table, nbtypes.Array) or table.ndim != 2:
+            return None
+        to = dtype.instance_type
+        ret = nbtypes.Array(to, 2, "C")
+
+        def codegen(context, builder, sig, args):
+            tab = context.make_array(sig.args[0])(context, builder, args[0])
+            row = builder.gep(tab.data, [builder.mul(args[1], context.get_constant(nbtypes.intp, 3))])
+            address, rows, width = (builder.load(builder.gep(row, [context.get_constant(nbtypes.intp, k)])) for k in range(3))
+            out = context.make_array(ret)(context, builder)
+            item = context.get_abi_sizeof(context.get_data_type(to))
+            intp = context.get_value_type(nbtypes.intp)
+            data = builder.inttoptr(address, context.get_data_type(to).as_pointer())
+            context.populate_array(out, data=data, shape=[rows, width], strides=[builder.mul(width, intp(item)), intp(item)],
+                                   itemsize=intp(item), meminfo=None, parent=None)
+            return out._getvalue()
+
+        return ret(table, i, dtype), codegen
+
+    def cgutils_unpack(builder, tup, n):
+        from numba.core import cgutils
+
+        return cgutils.unpack_tuple(builder, tup, n)
+
+    return rows_view, reinterpret, array_at
+
+
+rows_view, reinterpret, array_at = _view_intrinsics()

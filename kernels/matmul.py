@@ -1,108 +1,173 @@
-"""Linear layers with weights in HF's (out, in) layout: y = x @ W.T, a dot product per output row.
+"""Linear layers, y = x @ W.T with W in HF's (out, in) layout: a dot product per output row, for
+every weight format (kernels.formats), choosing register tiles by how many rows x has.
 
-Weights come at any precision of kernels.quant (float32, bfloat16 bits, int8 + scales, GGUF
-block formats);
-accumulation is always float32, and every output equals row_dot of its row and token (the
-decode path) to the last bit.
+One task is 16 output rows against every row of x. Below PANEL_TOKENS rows of x (decode, and
+batched decode) the weights stream from memory once for all of them: row products, 4 x 4 tiles
+from four rows of x, block tiles that unpack each block once for every row of x. From
+PANEL_TOKENS rows on (prefill) each task works in halves of 8 weight rows that stay in L1 while
+4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a float32 panel. Every
+output equals row_dot of its weight row and activation row to the last bit, whichever tile made
+it, so decode, batched decode and prefill agree bit for bit.
+
+`make_linear(fmt)` and `make_row(fmt)` compile one format's kernels (kernels.formats);
+`matmul` runs one on a whole matrix (tests, load-time checks).
 """
 
+from __future__ import annotations
+
 import numpy as np
-from numba import njit, prange, types
+from numba import cfunc, njit, prange, types
 from numba.extending import overload
 
-from .activation_prep import activation, chunk_operand, operand_buffers, prepare_operand
-from .blocks import block_product, block_row_get
-from .ir_blocks import QBLOCK
-from .jit import EXACT_MATH, kernel
-from .row_groups import GROUPED, grouped_matmul
-from .quant import block_format, chunked_len, weight_at
-from .weight_products import (
-    bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, streamed_bf16_tile_dot_4x4, streamed_tile_dot_4x4, tile_dot_4x4,
-)
+from .activation_operands import activation, call_prepare, chunk_operand
+from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat, prepare_for, kernels_for
+from .gguf_blocks import block_rows, dequantize_block_row
+from .integer_products import grouped_row_get, grouped_rows
+from .jit import EXACT_MATH, address_call, kernel
+from .quantize import chunked_len, row_get, weight_at
+from .row_products import (bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, rows_dot4, streamed_bf16_tile_dot_4x4,
+                           streamed_tile_dot_4x4, tile_dot_4x4, weight_dot_chunks)
+from .work_sharing import claim, start_claims
 
-# Weight rows per task: with 4 token rows they stay in L1 at K = 576 (16 rows measured 5-10%
-# slower).
-ROWS_PER_TASK = 8
+ROWS_PER_TASK = 16  # a grouped layout's 16 rows; two halves of 8 in prefill
+HALF_TASK = 8  # prefill's weight rows at a time: with 4 rows of x they stay in L1 at K = 576 (16 measured 5-10% slower)
+PANEL_TOKENS = 16  # from this many rows of x on, prefill's tiles (and GGUF blocks unpacked into a panel once)
 
-
-def matvec(out, x, w, s):
-    """One token: W (N, K) @ x (K,) -> out (N,), at any weight precision."""
-    if w.dtype == np.uint8:
-        matmul(out.reshape(1, -1), x.reshape(1, -1), w, s)
-    else:
-        dense_matvec(out, x, w, s)
-
-
-# From this many tokens on, block-format rows are dequantized once into a float32 panel and the
-# float32 tiles run over it (prefill); below, block tiles dequantize per tile (batched decode).
-PANEL_TOKENS = 16
-
-
-def matmul(out, x, w, s):
-    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N), at any weight precision."""
-    if w.dtype == np.uint8:
-        if s[0, 0] in GROUPED.values():
-            grouped_matmul(out, x, w, np.int64(s[0, 0]))
-        elif x.shape[0] >= PANEL_TOKENS:
-            panel_matmul(out, x, w, s)
-        else:
-            block_matmul(out, x, w, s)
-    else:
-        dense_matmul(out, x, w, s)
+# From this row length on, float32 weight rows are streamed four at a time in decode. One row's
+# sum is one chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order
+# window, long ones do not and leave the loop waiting on FMA latency. Below it one row at a time
+# is as fast or faster: one stream, prefetched 4 KiB ahead (default model float32 decode +4-10%
+# over four rows, 8 of 8 alternating runs). bfloat16 and int8 rows never are: a bfloat16 row has
+# two accumulators (kernels.row_products) and goes alone, unprefetched (1B shape decode +6%,
+# default model +13%, 6 of 6 alternating runs each, against four rows from K = 4096 and
+# prefetch); an int8 block is one vpmaddwd and one FMA for 32 weights, so one row's chain keeps
+# up with memory.
+LONG_ROW = 4096
+NEVER = 1 << 62
 
 
-@kernel(fastmath=EXACT_MATH)
-def block_matmul(out, x, w, s):
-    """x (T, K) @ W (N, K).T for block-format weights (kernels.blocks): tasks of rows, each in
-    tiles of 4 rows x 4 tokens that dequantize a row's chunk once for four tokens."""
-    N = w.shape[0]
-    fmt = block_format(s)
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        n0 = task * ROWS_PER_TASK
-        block_product(fmt, out, 0, w, n0, min(N, n0 + ROWS_PER_TASK), x)
+def long_row(w):
+    """The row length from which rows of w's precision are streamed four at a time."""
+    raise NotImplementedError
 
 
-@kernel(fastmath=EXACT_MATH)
-def panel_matmul(out, x, w, s):
-    """x (T, K) @ W (N, K).T for block-format weights, many tokens: each task's rows dequantized
-    once into a float32 panel (as gguf-py does, kernels.blocks), then dense_matmul's float32 tiles
-    run over it for every token. A weight is unpacked once per prefill chunk instead of once per
-    tile of tokens, and the sums are the float32 path's, equal bit for bit to the block tiles'."""
-    K = x.shape[1]
-    N = w.shape[0]
-    RB = ROWS_PER_TASK
-    fmt = block_format(s)
-    none = np.zeros((1, 1), np.float32)  # float32 rows have no scales
-    full, xo, xs, xc = operands(np.empty((1, K), np.float32), x)
-    for task in prange((N + RB - 1) // RB):
-        n0 = task * RB
-        rows = min(N, n0 + RB) - n0
-        panel = np.empty((RB, K), np.float32)
-        for r in range(rows):
-            block_row_get(fmt, w, n0 + r, panel[r])
-        sweep_rows(out, n0, panel, none, 0, rows, x, xo, xs, xc, none[0, :0], full)
+@overload(long_row)
+def _long_row(w):
+    threshold = LONG_ROW if w.dtype == types.float32 else NEVER
+    return lambda w: threshold
 
 
-@kernel(fastmath=EXACT_MATH)
-def dense_matvec(out, x, w, s):
-    """One token: W (N, K) @ x (K,) -> out (N,). Parallel over blocks of output rows."""
+# ---------------------------------------------------------------- float32, bfloat16, int8 rows
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def dense_task(out, col, w, s, task, x, xo, xs, scratch):
+    """out[t, col + n] = row n of w (float32, bfloat16 bits or int8 with scales s) . x[t] for the
+    16 rows n of `task` and every row t of x; xo, xs: x prepared for w (activation_operands)."""
     N, K = w.shape
-    x2 = x.reshape((1, K))
-    xo, xs = operand_buffers(w, 1, K)
-    prepare_operand(w, xo, xs, x2, 0)
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            out[n] = row_dot(w, s, n, x, xo[0], xs[0])
+    n0 = task * ROWS_PER_TASK
+    n1 = min(N, n0 + ROWS_PER_TASK)
+    full = chunked_len(w, K)
+    xc = chunk_operand(w, x, xo)
+    if x.shape[0] < PANEL_TOKENS:
+        _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
+    else:
+        table = scratch[: 16 * (K // 32)]  # int8 tiles' scale products
+        for r0 in range(n0, n1, HALF_TASK):
+            sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full):
+    """Rows n0..n1-1 of w against a few rows of x, the weights streamed from memory once for all
+    of them: 4 x 4 tiles from four rows of x (_batch_tiles), then long rows four at a time
+    (rows_dot4), shorter ones one at a time; each dot product inlined and summed in row_dot's
+    order (the chunks, then the tail in sequence)."""
+    K = w.shape[1]
+    n = _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full)
+    if K >= long_row(w):
+        while n + 4 <= n1:
+            for b in range(x.shape[0]):
+                rows_dot4(out, b * out.shape[1] + col + n, w, s, n, xc[b], xs[b])
+                for i in range(n, n + 4):
+                    for k in range(full, K):
+                        out[b, col + i] += weight_at(w, s, i, k) * activation(w, x[b, k])
+            n += 4
+    for i in range(n, n1):
+        for b in range(x.shape[0]):
+            total = weight_dot_chunks(w, s, i, xc[b], xs[b])
+            for k in range(full, K):
+                total += weight_at(w, s, i, k) * activation(w, x[b, k])
+            out[b, col + i] = total
+
+
+def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full):
+    """Rows n0.. against four or more rows of x in 4 x 4 register tiles, four rows of x at a time:
+    each chunk of the weight rows is loaded once into registers for them, 16 accumulators sharing
+    8 loads, the rows prefetched into L2 as they stream from memory (default model float32, 8
+    sequences: 2.7x one sequence's tokens/s with row dots, 4.5x with these tiles). The next four
+    rows of x find the weights in L1. The same sums as every other path, tails added in sequence.
+    Returns the first weight row left for the row products: n0 for fewer than four rows of x, and
+    for int8 weights, whose tile needs a scratch table."""
+    raise NotImplementedError
+
+
+@overload(_batch_tiles, jit_options={"fastmath": EXACT_MATH})
+def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full):
+    if w.dtype not in (types.float32, types.uint16):
+        return lambda out, col, w, s, n0, n1, x, xc, xs, full: n0
+
+    def tiles(out, col, w, s, n0, n1, x, xc, xs, full):
+        B = x.shape[0]
+        n = n0
+        if B < 4:
+            return n
+        while n + 4 <= n1:
+            b = 0
+            while b + 4 <= B:
+                d = streamed_tile(w, s, n, xc, b)
+                # literal indices: a tuple indexed at run time is slow
+                store4(out, b, col + n, d[0], d[1], d[2], d[3], w, s, n, x, full)
+                store4(out, b + 1, col + n, d[4], d[5], d[6], d[7], w, s, n, x, full)
+                store4(out, b + 2, col + n, d[8], d[9], d[10], d[11], w, s, n, x, full)
+                store4(out, b + 3, col + n, d[12], d[13], d[14], d[15], w, s, n, x, full)
+                b += 4
+            for bb in range(b, B):  # the rows of x a tile left, one dot product at a time
+                for i in range(n, n + 4):
+                    total = weight_dot_chunks(w, s, i, xc[bb], xs[bb])
+                    for k in range(full, w.shape[1]):
+                        total += weight_at(w, s, i, k) * activation(w, x[bb, k])
+                    out[bb, col + i] = total
+            n += 4
+        return n
+
+    return tiles
+
+
+def streamed_tile(w, s, n, xo, t):
+    """Rows n..n+3 of float32 or bfloat16 weights against rows t..t+3 of xo: 16 sums token-major,
+    each equal to the decode's dot product; the rows below prefetched into L2
+    (row_products.TILES_AHEAD), as decode's batches read them from memory."""
+    raise NotImplementedError
+
+
+@overload(streamed_tile)
+def _streamed_tile(w, s, n, xo, t):
+    if w.dtype == types.float32:
+        return lambda w, s, n, xo, t: streamed_tile_dot_4x4(w, n, xo, t)
+    if w.dtype == types.uint16:
+        return lambda w, s, n, xo, t: streamed_bf16_tile_dot_4x4(w, n, xo, t)
+    return None
 
 
 def prepared_tile_4x4(w, s, n, xo, xs, t, table):
-    """Rows n..n+3 of w against tokens t..t+3 of xo, chunk_operand's activations (xs: their int8
+    """Rows n..n+3 of w against rows t..t+3 of xo, chunk_operand's activations (xs: their int8
     block scales): 16 sums over the full chunks, row-major by token, each equal to the decode's
     dot product. table: float32 scratch of 16 per block of 32 (int8's scale products)."""
     raise NotImplementedError
 
 
-@overload(prepared_tile_4x4, inline="always")
+@overload(prepared_tile_4x4)
 def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
     if w.dtype == types.float32:
         return lambda w, s, n, xo, xs, t, table: tile_dot_4x4(w, n, xo, t)
@@ -112,69 +177,10 @@ def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
         return lambda w, s, n, xo, xs, t, table: int8_tile_dot_4x4(w, s, n, xo, xs, t, table)
 
 
-def streamed_tile(w, s, n, xo, t):
-    """Rows n..n+3 of float32 or bfloat16 weights against tokens t..t+3 of xo (as
-    prepared_tile_4x4): 16 sums token-major, each equal to the decode's dot product; the rows below
-    prefetched into L2 (weight_products.TILES_AHEAD), as decode's batches read them from memory."""
-    raise NotImplementedError
-
-
-@overload(streamed_tile, inline="always")
-def _streamed_tile(w, s, n, xo, t):
-    if w.dtype == types.float32:
-        return lambda w, s, n, xo, t: streamed_tile_dot_4x4(w, n, xo, t)
-    if w.dtype == types.uint16:
-        return lambda w, s, n, xo, t: streamed_bf16_tile_dot_4x4(w, n, xo, t)
-    return None
-
-
-def tile_scratch(w, K):
-    """The `table` prepared_tile_4x4 needs for rows of K: 16 floats per int8 block, else none."""
-    raise NotImplementedError
-
-
-@overload(tile_scratch, inline="always")
-def _tile_scratch(w, K):
-    per_block = 16 if w.dtype == types.int8 else 0
-    return lambda w, K: np.empty(per_block * (K // QBLOCK), np.float32)
-
-
-@kernel(fastmath=EXACT_MATH)
-def dense_matmul(out, x, w, s):
-    """Many tokens: x (T, K) @ W (N, K).T -> out (T, N) for float32, bfloat16 or int8 weights.
-
-    x is prepared once (kernels.quant.prepare_operand: rounded to bfloat16 against bfloat16
-    weights, quantized to int16 per block against int8, used as it is against float32). Then
-    register tiles of 4 tokens x 4 rows run straight over the weight rows (FMAs, vdpbf16ps or
-    vpmaddwd): 16 accumulators share 8 loads, so the loop is bound by arithmetic, not loads. Sums
-    follow row_dot's fixed order, so every output equals the decode path's dot product to the
-    last bit.
-    """
-    K = x.shape[1]
-    N = w.shape[0]
-    RB = ROWS_PER_TASK
-    full, xo, xs, xc = operands(w, x)
-    for task in prange((N + RB - 1) // RB):
-        n0 = task * RB
-        n1 = min(N, n0 + RB)
-        sweep_rows(out, 0, w, s, n0, n1, x, xo, xs, xc, tile_scratch(w, K), full)
-
-
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def operands(w, x):
-    """x (T, K) prepared once for rows like w's (kernels.activation_prep): the length of the full
-    chunks, the prepared rows and their scales, and the chunked view the tiles read."""
-    T, K = x.shape
-    xo, xs = operand_buffers(w, T, K)
-    for t in prange(T):
-        prepare_operand(w, xo, xs, x, t)
-    return chunked_len(w, K), xo, xs, chunk_operand(w, x, xo)
-
-
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
-    """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every token: register tiles
-    of 4 tokens x 4 rows (prepared_tile_4x4), then the rows and tokens left over, a row_dot each."""
+    """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every row of x: register tiles
+    of 4 rows of x x 4 weight rows (prepared_tile_4x4), then the rows left over, a row_dot each."""
     T = x.shape[0]
     t = 0
     while t + 4 <= T:
@@ -191,14 +197,14 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
             for tt in range(t, t + 4):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
         t += 4
-    for tt in range(t, T):  # the last T % 4 tokens
+    for tt in range(t, T):  # the last T % 4 rows of x
         for r in range(r0, r1):
             out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")  # 16 calls per register tile: no call overhead
+@njit(fastmath=EXACT_MATH, cache=True)  # LLVM inlines it
 def store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
-    """out[t, n..n+3] = the four sums of token t against rows r..r+3 of w, tails added (x[t, k]
+    """out[t, n..n+3] = the four sums of row t of x against weight rows r..r+3, tails added (x[t, k]
     past `full`, in sequence, as row_dot adds them)."""
     out[t, n] = _finish(s0, w, s, r, x, t, full)
     out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
@@ -206,12 +212,167 @@ def store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
     out[t, n + 3] = _finish(s3, w, s, r + 3, x, t, full)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def _finish(total, w, s, r, x, t, full):
     """Add the tail past the full chunks in sequence, as row_dot does."""
     for k in range(full, x.shape[1]):
         total += weight_at(w, s, r, k) * activation(w, x[t, k])
     return total
+
+
+# ---------------------------------------------------------------- GGUF blocks
+
+
+def block_task(fmt, out, col, w, task, x, xo, xs, scratch):
+    """out[t, col + n] for the 16 rows n of `task` of GGUF block rows w (ggml type fmt, a
+    compile-time constant) and every row t of x: block tiles below PANEL_TOKENS rows of x;
+    from there each half of 8 rows unpacked once into a float32 panel (as gguf-py dequantizes
+    them) and swept by the float32 tiles, the same sums as the block tiles'."""
+    raise NotImplementedError
+
+
+@overload(block_task, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
+def _block_task(fmt, out, col, w, task, x, xo, xs, scratch):
+    F = getattr(fmt, "literal_value", None)
+    if F is None:
+        return None
+
+    def run(fmt, out, col, w, task, x, xo, xs, scratch):
+        N = w.shape[0]
+        K = x.shape[1]
+        n0 = task * ROWS_PER_TASK
+        n1 = min(N, n0 + ROWS_PER_TASK)
+        if x.shape[0] < PANEL_TOKENS:
+            block_rows(F, out, col, w, n0, n1, x)
+            return
+        panel = scratch[: HALF_TASK * K].reshape((HALF_TASK, K))
+        none = np.zeros((1, 1), np.uint16)  # float32 rows have no scales (not read)
+        full = K - K % 16
+        for r0 in range(n0, n1, HALF_TASK):
+            rows = min(n1, r0 + HALF_TASK) - r0
+            for r in range(rows):
+                dequantize_block_row(F, w, r0 + r, panel[r])
+            sweep_rows(out, col + r0, panel, none, 0, rows, x, xo, xs, x, xs[0, :0], full)
+
+    return run
+
+
+# ---------------------------------------------------------------- each format's kernels
+
+
+def make_linear(fmt: WeightFormat):
+    """The compiled `linear` kernel of one format (kernels.formats.LINEAR_SIGNATURE): thread t's
+    tasks of 16 rows, claimed from `claims`, against every row of x."""
+    code = fmt.code
+    if fmt.operand == Operand.SPLIT_BYTES:
+
+        def linear(out, col, w, scales, x, xo, xs, scratch, claims, t):
+            xq = xo.view(np.int16)
+            task = claim(claims, t, claims.shape[1])
+            while task >= 0:
+                grouped_rows(code, out, col, w, task, xq, xs)
+                task = claim(claims, t, claims.shape[1])
+
+    elif fmt.is_gguf_blocks:
+
+        def linear(out, col, w, scales, x, xo, xs, scratch, claims, t):
+            task = claim(claims, t, claims.shape[1])
+            while task >= 0:
+                block_task(code, out, col, w, task, x, xo, xs, scratch)
+                task = claim(claims, t, claims.shape[1])
+
+    else:
+        element = fmt.element
+        operand_element = np.int16 if fmt.operand == Operand.INT16 else np.uint16
+
+        def linear(out, col, w, scales, x, xo, xs, scratch, claims, t):
+            typed = w.view(element)
+            prepared = xo.view(operand_element)
+            task = claim(claims, t, claims.shape[1])
+            while task >= 0:
+                dense_task(out, col, typed, scales, task, x, prepared, xs, scratch)
+                task = claim(claims, t, claims.shape[1])
+
+    linear.__qualname__ = linear.__name__ = f"linear_{fmt.name}"
+    return cfunc(LINEAR_SIGNATURE, cache=True, fastmath=EXACT_MATH)(linear)
+
+
+def make_row(fmt: WeightFormat):
+    """The compiled `row` kernel of one format: a row as float32, as gguf-py dequantizes it."""
+    code = fmt.code
+    if fmt.operand == Operand.SPLIT_BYTES:
+
+        def row(out, w, scales, n):
+            grouped_row_get(code, w, n, out)
+
+    elif fmt.is_gguf_blocks:
+
+        def row(out, w, scales, n):
+            dequantize_block_row(code, w, n, out)
+
+    else:
+        element = fmt.element
+
+        def row(out, w, scales, n):
+            row_get(w.view(element), scales, n, out)
+
+    row.__qualname__ = row.__name__ = f"row_{fmt.name}"
+    return cfunc(ROW_SIGNATURE, cache=True, fastmath=EXACT_MATH)(row)
+
+
+# ---------------------------------------------------------------- running them
+
+call_linear = address_call(LINEAR_SIGNATURE, "call_linear")
+call_row = address_call(ROW_SIGNATURE, "call_row")
+
+
+def matmul(out: np.ndarray, x: np.ndarray, w: np.ndarray, fmt: WeightFormat, scales: np.ndarray | None = None) -> None:
+    """out (T, N) = x (T, K) @ W.T for a whole matrix W (N, K weights) of format fmt, stored as w
+    (its rows as the format stores them; int8's float16 scales beside): the forward pass's kernels
+    on one matrix, for tests and checks."""
+    import numba
+
+    T, K = x.shape
+    x = np.ascontiguousarray(x, np.float32)
+    threads = numba.config.NUMBA_NUM_THREADS
+    xo = np.zeros((T, K), np.uint16)
+    xs = np.zeros((T, 3 * (K // 32) + 1), np.float32)
+    prepare = prepare_for(fmt.operand)
+    s = np.zeros((1, 1), np.uint16) if scales is None else np.ascontiguousarray(scales, np.uint16)
+    wb = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1)
+    _matmul(0 if prepare is None else prepare.address, kernels_for(fmt).linear.address, out, x, wb, s, xo, xs,
+            np.zeros((threads, max(HALF_TASK * K, 16)), np.float32), np.zeros((2, threads), np.int64))
+
+
+@kernel()
+def _matmul(prepare, linear, out, x, w, s, xo, xs, scratch, claims):
+    if prepare != 0:
+        call_prepare(prepare, xo, xs, x, np.int64(0), np.int64(x.shape[0]))
+    start_claims(claims, (w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, claims.shape[1])
+    for t in prange(claims.shape[1]):
+        call_linear(linear, out, np.int64(0), w, s, x, xo, xs, scratch[t], claims, np.int64(t))
+
+
+def dequantize(w: np.ndarray, fmt: WeightFormat, scales: np.ndarray | None = None) -> np.ndarray:
+    """Every row of a matrix of format fmt as float32, (N, K), by the format's row kernel (as
+    gguf-py dequantizes GGUF blocks): the reference the tests compare products with."""
+    wb = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1)
+    out = np.empty((w.shape[0], wb.shape[1] // fmt.block_bytes * fmt.block), np.float32)
+    s = np.zeros((1, 1), np.uint16) if scales is None else np.ascontiguousarray(scales, np.uint16)
+    _rows(kernels_for(fmt).row.address, out, wb, s)
+    return out
+
+
+@kernel()
+def _rows(row, out, w, s):
+    for n in prange(out.shape[0]):
+        call_row(row, out[n], w, s, np.int64(n))
+
+
+@njit(cache=True)
+def start_tasks(claims, rows):
+    """Share the tasks of a matrix of `rows` rows among the threads (claims: (2, threads))."""
+    start_claims(claims, (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK, claims.shape[1])
 
 
 @kernel(parallel=False)

@@ -1,6 +1,12 @@
-"""minillm: a CPU inference engine for Llama-family models on NumPy and Numba."""
+"""minillm: a CPU inference engine for Llama-family models on NumPy and Numba.
 
-from .api import LLM, load
+    import minillm
+    llm = minillm.load()                      # the bundled model; or load("dir"), load("model.gguf")
+
+`load`, `LLM` and `SamplingParams` are imported on first use, so that `minillm.options` and the
+errors can be read without loading the kernels (the CLI parses its flags that way).
+"""
+
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -10,13 +16,14 @@ from .errors import (
     TokenizerError,
     UsageError,
 )
-from .sampling import SamplingParams
+from .options import Options
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
     "load",
+    "Options",
     "SamplingParams",
     "MiniLLMError",
     "ConfigError",
@@ -26,3 +33,15 @@ __all__ = [
     "GenerationError",
     "UsageError",
 ]
+
+
+def __getattr__(name):
+    if name in ("LLM", "load"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "SamplingParams":
+        from .sampling import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'minillm' has no attribute {name!r}")

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .engine import Engine, check_prompt
-from .errors import GenerationError
+from .errors import GenerationError, UsageError
 from .detokenize import TextStream
 from .model import Model
+from .options import DEFAULTS, Options
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -57,24 +58,18 @@ class LLMFiles:
 
 
 class LLM:
-    def __init__(
-        self,
-        model_dir: str | Path | None = None,
-        ctx: int | None = None,
-        dtype: str | None = None,
-        progress: bool = True,
-        check_weights: bool = False,
-        max_batch: int = 8,
-        max_queue: int = 256,
-        cache_mb: float | None = None,
-    ):
-        self.max_batch, self.max_queue, self.cache_mb = max_batch, max_queue, cache_mb
+    """A loaded model with its tokenizer, and the engine that serves it (minillm.options.Options:
+    the model, its precision and context, threads, batch, queue and cache)."""
+
+    def __init__(self, options: Options = DEFAULTS, progress: bool = True):
+        self.options = options
+        model_dir = options.model
         if model_dir is None:
             from .default_model import default_model_dir
 
             model_dir = default_model_dir(progress=progress)
         self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
-        self.model = Model.load(self.source, ctx=ctx, dtype=dtype, check_finite=check_weights)
+        self.model = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config)
@@ -99,7 +94,7 @@ class LLM:
     @cached_property
     def engine(self) -> Engine:
         """The batching engine thread, started on first use."""
-        return Engine(self.model, max_batch=self.max_batch, max_queue=self.max_queue, cache_mb=self.cache_mb)
+        return Engine(self.model, self.options)
 
     @property
     def config(self):
@@ -181,15 +176,10 @@ class LLM:
         check_prompt(ids, self.model.config.vocab_size, self.model.ctx)
 
 
-def load(
-    model_dir: str | Path | None = None,
-    ctx: int | None = None,
-    dtype: str | None = None,
-    progress: bool = True,
-    check_weights: bool = False,
-    **engine,
-) -> LLM:
+def load(model_dir: str | Path | None = None, *, progress: bool = True, options: Options | None = None, **settings) -> LLM:
     """Load an HF checkpoint directory or a GGUF file, or the default model when `model_dir` is None.
+
+    settings: any field of minillm.Options (or pass `options`), the ones below among them.
 
     dtype: how weights are kept. A directory's are converted at load: "float32" (default;
     exact), "bfloat16", "int8" (blocks of 32 with a scale each) or "q4_0" (4-bit blocks and a Q8_0
@@ -200,8 +190,16 @@ def load(
     max_batch / max_queue: sequences decoded together, and requests allowed to wait.
     cache_mb: memory for the prefix cache, which lets requests that share a prefix (a chat's
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
+    threads: the most threads a step uses (default: every CPU); fewer are used while more would
+    wait on a busy machine (minillm.threads).
     """
-    return LLM(model_dir, ctx=ctx, dtype=dtype, progress=progress, check_weights=check_weights, **engine)
+    try:
+        options = (options or DEFAULTS).replace(**settings)
+    except TypeError as e:  # an unknown keyword
+        raise UsageError(f"minillm.load: {e}") from None
+    if model_dir is not None:
+        options = options.replace(model=str(model_dir))
+    return LLM(options, progress=progress)
 
 
 def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:

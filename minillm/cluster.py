@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .engine import QueueFullError, RequestHandle, TokenEvent, check_prompt
+from .options import Options
 from .errors import GenerationError, MiniLLMError, UsageError
 
 APP_NAME = "minillm"
@@ -54,10 +55,10 @@ def require_ray():
 class EngineReplica:
     """One engine (the body of the Ray Serve deployment; see build_app)."""
 
-    def __init__(self, source: str | None, options: dict):
+    def __init__(self, options: Options):
         import minillm
 
-        self.llm = minillm.load(source, progress=False, **options)
+        self.llm = minillm.load(progress=False, options=options)
         self.llm.engine  # noqa: B018 - starts the engine thread now, not on the first request
         self.replica = _replica_id()
 
@@ -251,14 +252,14 @@ class RemoteLLM:
     compiler and prompt checks are local (the model's tokenizer files are read here); generating
     and embedding go to the replicas."""
 
-    def __init__(self, source: str | None, handle, replicas: int, max_batch: int, max_queue: int, ctx: int | None, deployment: str):
+    def __init__(self, options: Options, handle, replicas: int, deployment: str):
         from .api import LLMFiles, tokenizer_files
         from .config import ModelConfig
 
-        self.model_dir, config_file = tokenizer_files(source)
+        self.model_dir, config_file = tokenizer_files(options.model)
         cfg = ModelConfig.from_file(config_file)
-        self.model = SimpleNamespace(config=cfg, ctx=cfg.context_size(ctx))
-        self.engine = RemoteEngine(handle, cfg.vocab_size, self.model.ctx, replicas * max_batch + max_queue)
+        self.model = SimpleNamespace(config=cfg, ctx=cfg.context_size(options.ctx))
+        self.engine = RemoteEngine(handle, cfg.vocab_size, self.model.ctx, replicas * options.max_batch + options.max_queue)
         self.handle, self.deployment = handle, deployment
         self.files = LLMFiles(self.model_dir, cfg)  # each part read on first use
 
@@ -297,40 +298,37 @@ class RemoteLLM:
 # ------------------------------------------------------------------ building and running
 
 
-def build_app(source: str | None, model_name: str, api_key: str | None, *, replicas: int = 1, threads: int = 1,
-              autoscale: tuple[int, int] | None = None, ingress_replicas: int = 1, max_batch: int = 8, max_queue: int = 64,
-              ctx: int | None = None, dtype: str | None = None, cache_mb: float | None = None, check_weights: bool = False,
-              shutdown_timeout: float = 30.0):
-    """The Ray Serve application: `ingress_replicas` ingresses over `replicas` engine replicas (or
-    autoscaled). The ingress relays every token (about 2 ms of CPU each, docs/scaling.md), so a
-    cluster of many machines wants about one per machine; each keeps its own --max-queue count and
-    /metrics counters, and all route by the same prefix hash. shutdown_timeout: seconds a stopping
-    replica lets its running requests finish (serve's --shutdown-timeout)."""
+def build_app(options: Options):
+    """The Ray Serve application: options.ingress_replicas ingresses over options.replicas engine
+    replicas (or autoscaled), each with options.threads CPUs (default 1). The ingress relays every
+    token (about 2 ms of CPU each, docs/scaling.md), so a cluster of many machines wants about one
+    per machine; each keeps its own --max-queue count and /metrics counters, and all route by the
+    same prefix hash. options.shutdown_timeout: seconds a stopping replica lets its running
+    requests finish (serve's --shutdown-timeout)."""
     ray, serve = require_ray()
     from ray.serve.config import RequestRouterConfig
 
     from .server import create_app
 
-    options = {"ctx": ctx, "dtype": dtype, "max_batch": max_batch, "max_queue": max_queue, "cache_mb": cache_mb,
-               "check_weights": check_weights}
-    scaling = {"num_replicas": replicas}
-    if autoscale is not None:
+    threads = options.replica_threads
+    scaling = {"num_replicas": options.replica_count}
+    if options.autoscale is not None:
         # scale on ongoing requests: a replica is busy when its batch slots are
-        scaling = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1],
-                                          "target_ongoing_requests": max(1, max_batch // 2)}}
+        low, high = options.autoscale
+        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": max(1, options.max_batch // 2)}}
     engine = serve.deployment(
         EngineReplica, name="EngineReplica",
         ray_actor_options={"num_cpus": threads, "runtime_env": {"env_vars": {"NUMBA_NUM_THREADS": str(threads)}}},
-        max_ongoing_requests=max_batch, health_check_period_s=5, health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=shutdown_timeout,
+        max_ongoing_requests=options.max_batch, health_check_period_s=5, health_check_timeout_s=30,
+        graceful_shutdown_timeout_s=options.shutdown_timeout,
         request_router_config=RequestRouterConfig(request_router_class="minillm.cluster_router:PrefixAffinityRouter"),
         **scaling,
-    ).bind(source, options)
+    ).bind(options.replace(threads=threads))
 
-    count = autoscale[1] if autoscale is not None else replicas
+    count = options.autoscale[1] if options.autoscale is not None else options.replica_count
 
-    @serve.deployment(name="Ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
-                      graceful_shutdown_timeout_s=shutdown_timeout)
+    @serve.deployment(name="Ingress", num_replicas=options.ingress_replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
+                      graceful_shutdown_timeout_s=options.shutdown_timeout)
     @serve.ingress()
     class Ingress:
         """minillm's own FastAPI app, built in the ingress replica over the engine replicas."""
@@ -339,25 +337,24 @@ def build_app(source: str | None, model_name: str, api_key: str | None, *, repli
             self.engine_handle = engine_handle
 
         def __serve_build_asgi_app__(self):
-            app = create_app(None, model_name, api_key)
-            app.state.service.attach(RemoteLLM(source, self.engine_handle, count, max_batch, max_queue, ctx, "EngineReplica"))
+            app = create_app(None, options.served_name, options.api_key)
+            app.state.service.attach(RemoteLLM(options, self.engine_handle, count, "EngineReplica"))
             return app
 
     return Ingress.bind(engine)
 
 
-def run(source: str | None, model_name: str, api_key: str | None, host: str, port: int, ray_address: str | None,
-        on_ready=None, **options) -> None:
-    """Start Ray (or join the cluster at ray_address), serve until SIGTERM or Ctrl-C, then stop
-    the application, and the local Ray instance if this started one."""
+def run(options: Options, on_ready=None) -> None:
+    """Start Ray (or join the cluster at options.ray_address), serve until SIGTERM or Ctrl-C, then
+    stop the application, and the local Ray instance if this started one."""
     ray, serve = require_ray()
-    started_ray = ray_address is None
+    started_ray = options.ray_address is None
     # NUMBA_NUM_THREADS is set per replica; this process does no model work.
-    ray.init(address=ray_address, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             **({} if ray_address else {"num_cpus": os.cpu_count()}))
+    ray.init(address=options.ray_address, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             **({} if options.ray_address else {"num_cpus": os.cpu_count()}))
     try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(source, model_name, api_key, **options), name=APP_NAME, route_prefix="/")
+        serve.start(http_options={"host": options.host, "port": options.port})
+        serve.run(build_app(options), name=APP_NAME, route_prefix="/")
         if on_ready is not None:
             on_ready()
         stop = threading.Event()
@@ -376,28 +373,8 @@ def run(source: str | None, model_name: str, api_key: str | None, host: str, por
 def deployment_app(args: dict):
     """An application builder for Ray's own tooling: `serve run minillm.cluster:deployment_app
     model=/models/x.gguf replicas=4`, or a KubeRay RayService's serveConfigV2 (import_path, args).
-    args: serve's options by name (model, model_name, api_key, replicas, threads, autoscale as
-    "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype, cache_mb, check_weights,
-    shutdown_timeout), as strings or values; any other name is an error that names it."""
-    unknown = sorted(set(args) - DEPLOYMENT_ARGS)
-    if unknown:
-        raise UsageError(f"minillm.cluster:deployment_app: unknown argument {unknown[0]!r}; known: {', '.join(sorted(DEPLOYMENT_ARGS))}")
-
-    def number(key, kind, default=None):
-        return kind(args[key]) if args.get(key) not in (None, "") else default
-
-    autoscale = None
-    if args.get("autoscale"):
-        low, high = (int(v) for v in str(args["autoscale"]).split(":"))
-        autoscale = (low, high)
-    source = args.get("model")
-    name = args.get("model_name") or (Path(source).stem if source else "SmolLM2-135M-Instruct")
-    return build_app(source, name, args.get("api_key"), replicas=number("replicas", int, 1), threads=number("threads", int, 1),
-                     autoscale=autoscale, ingress_replicas=number("ingress_replicas", int, 1), max_batch=number("max_batch", int, 8), max_queue=number("max_queue", int, 64),
-                     ctx=number("ctx", int), dtype=args.get("dtype") or None, cache_mb=number("cache_mb", float),
-                     check_weights=str(args.get("check_weights", "")).lower() in ("1", "true", "yes"),
-                     shutdown_timeout=number("shutdown_timeout", float, 30.0))
-
-
-DEPLOYMENT_ARGS = {"model", "model_name", "api_key", "replicas", "threads", "autoscale", "ingress_replicas", "max_batch",
-                   "max_queue", "ctx", "dtype", "cache_mb", "check_weights", "shutdown_timeout"}
+    args: minillm.options.Options by name (model, model_name, api_key, replicas, threads (per
+    replica), autoscale as "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype,
+    cache_mb, check_weights, shutdown_timeout), as strings or values; any other name is an error
+    that names it."""
+    return build_app(Options.from_strings(args, where="minillm.cluster:deployment_app"))

@@ -24,6 +24,7 @@ import numpy as np
 from .cache import KVPool
 from .errors import ContextLengthError, GenerationError, MiniLLMError
 from .model import Model
+from .options import DEFAULTS, Options
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
 from .structured import Constraint
@@ -184,14 +185,12 @@ class EngineStats:
 
 
 class Engine:
-    """cache_mb: the prefix cache's budget (minillm.prefix_cache); None: a default from free
-    memory, 0: no prefix cache."""
+    """options: max_batch (sequences decoded together), max_queue (requests allowed to wait) and
+    cache_mb (the prefix cache's budget, minillm.prefix_cache; None: a default from free memory,
+    0: no prefix cache) of minillm.options.Options."""
 
-    def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64, cache_mb: float | None = None):
-        if max_batch < 1 or max_queue < 0:
-            raise GenerationError("max_batch must be >= 1 and max_queue >= 0")
-        if cache_mb is not None and not cache_mb >= 0:
-            raise GenerationError(f"the prefix cache budget must be >= 0 MB, got {cache_mb}")
+    def __init__(self, model: Model, options: Options = DEFAULTS):
+        max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.pool = KVPool(model.config, model.ctx, max_batch)
         self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)

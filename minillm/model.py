@@ -1,15 +1,14 @@
-"""The pre-norm Llama forward pass on Numba kernels.
+"""The model: weights, RoPE tables and buffers for one context size, and its entry points.
 
-Shapes: T tokens in this call, H hidden, I intermediate, V vocab, nh/nkv heads, hd head dim.
+The layer sequence itself is defined once, in kernels.forward, over a batch of rows. Here are the
+three ways to feed it, each one Numba call per step:
 
-    x = embed[tokens]                                  (T, H)
-    for each layer:
-        h = x + attn(rmsnorm(x))                       GQA, RoPE, KV cache
-        x = h + mlp(rmsnorm(h))                        down(silu(gate) * up)
-    logits = lm_head(rmsnorm(x))                       (T, V), or last row only
+    forward(tokens, cache)                 prefill: a sequence's tokens, in chunks of PREFILL_CHUNK rows
+                                           (one token is a decode step of one sequence)
+    decode_batch(tokens, caches, ...)      one token for each of several sequences, weights read once
+    step(tokens, positions, slots, ...)    any mix of rows (prefill chunks beside decodes)
 
-Prefill runs in chunks of up to PREFILL_CHUNK tokens over workspaces sized for a chunk; decode
-(T = 1) has its own preallocated workspace, so a decode step allocates nothing.
+Every buffer a step uses is allocated once (Workspace), so a step allocates nothing.
 """
 
 from __future__ import annotations
@@ -20,15 +19,16 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from numba.typed import List
 
 import kernels as K
-from kernels.jit import DirectCall, array_key, typed_list
+from kernels.forward import MATRIX_KINDS, STEPS, forward, step_kernels
+from kernels.jit import CompileNotice, DirectCall, array_key
 
 from .cache import KVCache, aligned_zeros
 from .checkpoint import Weights, load_checkpoint
 from .config import ModelConfig, RopeScaling
-from .errors import ConfigError, GenerationError
+from .errors import ConfigError, GenerationError, UsageError
+from .threads import StepTimer, ThreadTuner
 
 PREFILL_CHUNK = 256
 RELEASE_STEP = 64  # sliding-window layers give back memory in steps of this many positions
@@ -123,118 +123,100 @@ def _scaled_tables(cfg: ModelConfig, rope: tuple[float, RopeScaling], ctx: int) 
     return cos * factor, sin * factor  # float32 products, as transformers scales them
 
 
-class PrefillWorkspace:
-    """Activation buffers for a chunk of up to `rows` tokens of one sequence, allocated once."""
-
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int):
-        f = np.float32
-        H, I = cfg.hidden_size, cfg.intermediate_size
-        self.rows = rows
-        self.x = aligned_zeros((rows, H), f)  # residual stream
-        self.xn = aligned_zeros((rows, H), f)  # normalised input of a sub-block
-        self.q = aligned_zeros((rows, cfg.q_dim), f)
-        self.k = aligned_zeros((rows, cfg.kv_dim), f)
-        self.v = aligned_zeros((rows, cfg.kv_dim), f)
-        self.att = aligned_zeros((rows, cfg.q_dim), f)
-        self.proj = aligned_zeros((rows, H), f)  # o_proj / down_proj output before the residual add
-        self.gate = aligned_zeros((rows, I), f)
-        self.up = aligned_zeros((rows, I), f)
-        # score rows per thread (kernels.attention)
-        self.scores = aligned_zeros((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), f)
-        self.positions = aligned_zeros((rows,), np.int64)
-        self.logits = aligned_zeros((cfg.vocab_size,), f)  # the last token's
+NO_SCALES = np.zeros((1, 1), np.uint16)  # the scales of a matrix that has none beside it
+NO_HIDDEN = np.zeros((0, 0, 0), np.float32)
 
 
-class DecodeWorkspace:
-    """The buffers of one decode step for up to `rows` sequences, allocated once, handed to
-    kernels.decode_batch as a DecodeBuffers of views for each batch size (made once per size)."""
-
-    def __init__(self, cfg: ModelConfig, rows: int, ctx: int, matrix_dtypes: frozenset, grouped: bool = False):
-        f = np.float32
-        H, I, q_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim
-        # xn, att and gate as the weights' products read them (kernels.activation_prep), by the
-        # matrices' dtypes (Weights.matrix_dtypes): int16 with a scale per block of 32 for int8
-        # matrices (also a GGUF's Q8_0, checkpoint.runnable_blocks), bfloat16 bits for bfloat16;
-        # none for float32 and the other block formats, which read xn itself. Grouped Q4_0 and
-        # Q6_K (kernels.row_groups) read int16's bytes split, and a scale and two sums per block
-        quantized = np.dtype(np.int8) in matrix_dtypes or grouped
-        op_dtype = np.int16 if quantized else np.uint16
-        op_rows = rows if quantized or np.dtype(np.uint16) in matrix_dtypes else 0
-        scale_rows = rows if quantized else 0
-        per_block = K.SPLIT_PER_BLOCK if grouped else 1
-        self.rows = rows
-        self._full = K.DecodeBuffers(
-            logits=aligned_zeros((rows, cfg.vocab_size), f),
-            tokens=aligned_zeros((rows,), np.int64),
-            positions=aligned_zeros((rows,), np.int64),
-            slots=aligned_zeros((rows,), np.int64),
-            x=aligned_zeros((rows, H), f),
-            xn=aligned_zeros((rows, H), f),
-            qkv=aligned_zeros((rows, q_dim + 2 * cfg.kv_dim), f),
-            att=aligned_zeros((rows, q_dim), f),
-            proj=aligned_zeros((rows, H), f),
-            gate=aligned_zeros((rows, I), f),
-            up=aligned_zeros((rows, I), f),
-            scores=aligned_zeros((rows * cfg.num_attention_heads, ctx), f),
-            xn_op=aligned_zeros((op_rows, H), op_dtype),
-            att_op=aligned_zeros((op_rows, q_dim), op_dtype),
-            gate_op=aligned_zeros((op_rows, I), op_dtype),
-            xn_scales=aligned_zeros((scale_rows, per_block * (H // K.QBLOCK)), f),
-            att_scales=aligned_zeros((scale_rows, per_block * (q_dim // K.QBLOCK)), f),
-            gate_scales=aligned_zeros((scale_rows, per_block * (I // K.QBLOCK)), f),
-            claims=aligned_zeros((2, numba.config.NUMBA_NUM_THREADS), np.int64),  # kernels.schedule
-        )
-        self._views: dict[int, K.DecodeBuffers] = {}
-        self._heads = cfg.num_attention_heads
-
-    def buffers(self, batch: int) -> "K.DecodeBuffers":
-        """The buffers for `batch` sequences: views of the first rows (score rows: batch * heads)."""
-        views = self._views.get(batch)
-        if views is None:
-            full = self._full
-            per_sequence = {name: getattr(full, name)[:batch] for name in full._fields if name not in ("scores", "claims")}
-            views = full._replace(scores=full.scores[: batch * self._heads], **per_sequence)
-            self._views[batch] = views
-        return views
+def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
+    """Buffers for a step of up to `rows` rows (kernels.forward.Workspace)."""
+    f = np.float32
+    H, I, q_dim, kv_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+    widest = max(H, I, q_dim)
+    threads = numba.config.NUMBA_NUM_THREADS
+    n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
+    return K.Workspace(
+        x=aligned_zeros((rows, H), f),
+        xn=aligned_zeros((rows, H), f),
+        qkv=aligned_zeros((rows, q_dim + 2 * kv_dim), f),
+        att=aligned_zeros((rows, q_dim), f),
+        proj=aligned_zeros((rows, H), f),
+        gate=aligned_zeros((rows, I), f),
+        up=aligned_zeros((rows, I), f),
+        operands=aligned_zeros((len(K.Operand), rows * widest), np.uint16),
+        operand_scales=aligned_zeros((len(K.Operand), rows * (3 * (widest // K.QBLOCK) + 1)), f),
+        scratch=aligned_zeros((threads, 8 * widest), f),
+        scores=aligned_zeros((threads * max(4, n_rep), ctx), f),
+        claims=aligned_zeros((6, threads), np.int64),
+        params=np.zeros(8, np.int64),
+        tasks=np.zeros((rows * cfg.num_attention_heads + cfg.num_attention_heads, 4), np.int64),
+    )
 
 
 class Model:
-    """Weights at one precision plus RoPE tables for a context size; run through `forward`.
+    """Weights in their formats plus RoPE tables for a context size; run through `forward`,
+    `decode_batch` or `step`.
 
     One lock serialises every kernel call: Numba's parallel regions must never be entered from
     two Python threads at once (the workqueue threading layer aborts the process).
     """
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None):
         self.config = cfg
         self.weights = weights
         self.dtype = weights.dtype
+        self.formats = weights.formats
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
         self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
         self.widest_window = cfg.widest_window
         self._lock = threading.Lock()
-        self.matrix_dtypes = weights.matrix_dtypes
-        self._grouped = weights.grouped
-        self._decode_ws = DecodeWorkspace(cfg, 1, self.ctx, self.matrix_dtypes, self._grouped)
-        self._prefill_ws: PrefillWorkspace | None = None
-        self._decode_weights = decode_weights(cfg, weights, self.rope_table, self.windows)
-        self._decode_call = DirectCall(K.decode_batch)
+        self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows)
+        self._rows = 0
+        self._grow(min(PREFILL_CHUNK, self.ctx))
+        self._call = DirectCall(forward)
+        self.threads = _thread_count(threads)
+        self._steps = StepTimer(ThreadTuner(self.threads))
+        self._compile()
+
+    def _grow(self, rows: int) -> None:
+        """Buffers for steps of up to `rows` rows."""
+        if rows <= self._rows:
+            return
+        self._ws = workspace(self.config, rows, self.ctx)
+        self._tokens, self._positions, self._slots, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(4))
+        self._logits = aligned_zeros((rows, self.config.vocab_size), np.float32)
+        self._rows = rows
+
+    def _compile(self) -> None:
+        """The forward pass compiled (or loaded from Numba's cache) now, not at the first token:
+        its steps' kernels for this state's types, then a step of one row on a cache of one
+        position that nothing reads."""
+        k = np.zeros((1, self.config.num_hidden_layers, self.config.num_key_value_heads, 1, self.config.head_dim), np.float32)
+        rows = self._step_rows(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), 1)
+        state = numba.typeof((rows, self._kernel_weights, self._ws, k, k, self.cos, self.sin))
+        assert state == K.forward_state_type, f"the forward pass's state has type {state}, not {K.forward_state_type}"
+        with CompileNotice("the forward pass", jobs=2) as notice:
+            self._kernel_weights.steps[:] = step_kernels()
+            notice.step()
+            self._run(rows, k, k.copy())
+            notice.step()
 
     @classmethod
     def load(
-        cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False
+        cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False, threads: int | None = None
     ) -> "Model":
         """From an HF checkpoint directory or a GGUF file (checkpoint.load_checkpoint); dtype None
-        is float32 for a directory and the stored formats for a GGUF."""
-        cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
-        return cls(cfg, weights, ctx)
+        is float32 for a directory and the stored formats for a GGUF. threads: the most a step
+        uses (default: every CPU Numba sees)."""
+        with CompileNotice("the kernels that convert weights at load", jobs=1):  # int8's quantizer, regrouping, ..
+            cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
+        return cls(cfg, weights, ctx, threads)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config, self.ctx)
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ entry points
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False, hidden: np.ndarray | None = None) -> np.ndarray:
         """Run `tokens` after what `cache` holds; returns logits (T, V) or (V,) for the last token.
@@ -250,20 +232,67 @@ class Model:
         V = self.config.vocab_size
         if tokens.min() < 0 or tokens.max() >= V:
             raise GenerationError(f"token id out of range [0, {V})")
-        cache.reserve(T)
+        pos0 = cache.reserve(T)
+        out = np.empty((T, V), np.float32) if all_logits else None
+        chunk = min(PREFILL_CHUNK, self.ctx)
         with self._lock:
-            if T == 1 and not all_logits and hidden is None:
-                return self._decode(int(tokens[0]), cache)
-            ws = self._prefill_workspace()
-            out = np.empty((T, V), np.float32) if all_logits else None
-            for start in range(0, T, ws.rows):
-                chunk = tokens[start : start + ws.rows]
-                last = start + ws.rows >= T
-                capture = None if hidden is None else hidden[:, start : start + len(chunk)]
-                logits = self._prefill(chunk, cache, ws, all_logits, want_logits=all_logits or last, capture=capture)
-                if all_logits:
-                    out[start : start + len(chunk)] = logits
-            return out if all_logits else logits
+            for start in range(0, T, chunk):
+                n = min(chunk, T - start)
+                wanted = n if all_logits else (1 if start + n == T else 0)
+                rows = self._step_rows(tokens[start : start + n], np.arange(pos0 + start, pos0 + start + n), np.zeros(n, np.int64), wanted,
+                                       logits=out[start : start + n] if all_logits else None,
+                                       hidden=None if hidden is None else np.empty((hidden.shape[0], n, hidden.shape[2]), np.float32))
+                self._run(rows, cache.k[None], cache.v[None])
+                if hidden is not None:
+                    hidden[:, start : start + n] = rows.hidden
+        cache.length = pos0 + T
+        return out if all_logits else self._logits[0]
+
+    def decode_batch(self, tokens, caches: list[KVCache], slots, pool) -> np.ndarray:
+        """One token for each of B sequences in one step, weights read once: logits (B, V).
+
+        caches[b] is slot slots[b] of `pool` (a KVPool). Each row of the result equals what a
+        decode of that sequence alone would give, bit for bit. The array is a workspace buffer.
+        """
+        for c in caches:
+            c.reserve(1)
+        logits = self.step(tokens, [c.length for c in caches], slots, pool)
+        for c in caches:
+            c.length += 1
+        return logits
+
+    def step(self, tokens, positions, slots, pool, logit_rows=None) -> np.ndarray:
+        """Any rows in one step: row t is token tokens[t] at position positions[t] of the sequence
+        in slot slots[t] of `pool`; a sequence's rows come together, at consecutive positions.
+        Returns the logits of logit_rows (default: every row), (G, V), a workspace buffer. The
+        caller advances its caches' lengths."""
+        T = len(tokens)
+        with self._lock:
+            self._grow(T)
+            wanted = T if logit_rows is None else len(logit_rows)
+            rows = self._step_rows(np.asarray(tokens, np.int64), np.asarray(positions, np.int64), np.asarray(slots, np.int64), wanted,
+                                   logit_rows=logit_rows)
+            self._run(rows, pool.k, pool.v)
+            return rows.logits
+
+    # ------------------------------------------------------------------ internals
+
+    def _step_rows(self, tokens, positions, slots, wanted: int, logits=None, hidden=None, logit_rows=None) -> "K.Rows":
+        """The Rows of a step in this model's buffers: logits for the last `wanted` rows (or for
+        logit_rows), into `logits` (default: the model's buffer)."""
+        T = len(tokens)
+        self._tokens[:T], self._positions[:T], self._slots[:T] = tokens, positions, slots
+        self._logit_rows[:wanted] = np.arange(T - wanted, T) if logit_rows is None else logit_rows
+        return K.Rows(
+            tokens=self._tokens[:T], positions=self._positions[:T], slots=self._slots[:T], logit_rows=self._logit_rows[:wanted],
+            logits=self._logits[:wanted] if logits is None else logits, hidden=NO_HIDDEN if hidden is None else hidden,
+        )
+
+    def _run(self, rows: "K.Rows", k: np.ndarray, v: np.ndarray) -> None:
+        """kernels.forward on this model's weights; its argument types are fixed but for the caches'."""
+        key = (array_key(k), array_key(v))
+        with self._steps.step(len(rows.tokens)):  # on as many threads as pay (minillm.threads)
+            self._call(key, rows, self._kernel_weights, self._ws, k, v, self.cos, self.sin)
 
     def release_outside_windows(self, cache: KVCache) -> None:
         """Give back the memory of sliding-window layers' positions no later token can attend to,
@@ -273,138 +302,49 @@ class Model:
         if len(self.sliding_layers):
             cache.release_outside_window(self.sliding_layers, self.widest_window, RELEASE_STEP)
 
-    def _prefill_workspace(self) -> PrefillWorkspace:
-        if self._prefill_ws is None:
-            self._prefill_ws = PrefillWorkspace(self.config, min(PREFILL_CHUNK, self.ctx), self.ctx)
-        return self._prefill_ws
 
-    def _decode(self, token: int, cache: KVCache) -> np.ndarray:
-        """One token through the whole model in a single Numba call (a batch of one)."""
-        buf = self._decode_ws.buffers(1)
-        buf.tokens[0], buf.positions[0], buf.slots[0] = token, cache.length, 0
-        self._decode_step(buf, cache.k[None], cache.v[None])
-        cache.length += 1
-        return buf.logits[0]
-
-    def decode_batch(self, tokens, caches: list[KVCache], slots, pool) -> np.ndarray:
-        """One token for each of B sequences in one step, weights read once: logits (B, V).
-
-        caches[b] is slot slots[b] of `pool` (a KVPool). Each row of the result equals what a
-        decode of that sequence alone would give, bit for bit. The array is a workspace buffer.
-        """
-        B = len(tokens)
-        for c in caches:
-            c.reserve(1)
-        with self._lock:
-            if self._decode_ws.rows < B:
-                self._decode_ws = DecodeWorkspace(self.config, B, self.ctx, self.matrix_dtypes, self._grouped)
-            buf = self._decode_ws.buffers(B)
-            buf.tokens[:] = tokens
-            buf.positions[:] = [c.length for c in caches]
-            buf.slots[:] = slots
-            self._decode_step(buf, pool.k, pool.v)
-        for c in caches:
-            c.length += 1
-        return buf.logits
-
-    def _decode_step(self, buf: "K.DecodeBuffers", k: np.ndarray, v: np.ndarray) -> None:
-        """K.decode_batch on this model's weights; its argument types are fixed but for the caches'."""
-        key = (array_key(k), array_key(v))
-        self._decode_call(key, buf, self._decode_weights, k, v, self.cos, self.sin, self.config.rms_norm_eps)
-
-    def _prefill(self, tokens, cache: KVCache, ws: PrefillWorkspace, all_logits: bool, want_logits: bool = True, capture=None):
-        """Many tokens, one kernel call per operation, on a workspace of `ws.rows` tokens."""
-        cfg, w = self.config, self.weights
-        T = len(tokens)
-        pos0 = cache.length
-        x = ws.x[:T]
-        ws.positions[:T] = np.arange(pos0, pos0 + T)
-        K.gather_rows(x, w.embed.w, w.embed.s, tokens)
-        x *= np.float32(cfg.embed_scale)
-        if capture is not None:
-            capture[0] = x
-        for i, layer in enumerate(w.layers):
-            self._attention_block(i, layer, x, ws, cache, pos0)  # h = x + out_norm(attn(norm(x)))
-            self._mlp_block(layer, x, ws)  # x = h + out_norm(mlp(norm(h)))
-            if capture is not None:
-                capture[i + 1] = x
-        cache.length = pos0 + T
-        eps = cfg.rms_norm_eps
-        if capture is not None:
-            K.rmsnorm(capture[-1], x, w.norm, eps)
-        if not want_logits:
-            return None
-        if all_logits:
-            K.rmsnorm(ws.xn[:T], x, w.norm, eps)
-            logits = np.empty((T, cfg.vocab_size), np.float32)
-            K.matmul(logits, ws.xn[:T], w.lm_head.w, w.lm_head.s)
-        else:
-            K.rmsnorm(ws.xn[T - 1 : T], x[T - 1 :], w.norm, eps)
-            K.matvec(ws.logits, ws.xn[T - 1], w.lm_head.w, w.lm_head.s)
-            logits = ws.logits.reshape(1, -1)
-        if cfg.final_logit_softcapping:
-            for row in logits:
-                K.softcap_row(row, cfg.final_logit_softcapping)
-        return logits if all_logits else ws.logits
-
-    def _attention_block(self, i: int, layer, x: np.ndarray, ws: PrefillWorkspace, cache: KVCache, pos0: int) -> None:
-        """x += out_norm(attention(norm(x))) for layer i, the chunk's keys and values into the cache."""
-        cfg, T, eps, hd = self.config, len(x), self.config.rms_norm_eps, self.config.head_dim
-        xn, q, k, v, att, o = ws.xn[:T], ws.q[:T], ws.k[:T], ws.v[:T], ws.att[:T], ws.proj[:T]
-        _norm_or_copy(xn, x, layer.attn_norm, eps)
-        _linear(q, xn, layer.q)
-        _linear(k, xn, layer.k)
-        _linear(v, xn, layer.v)
-        for proj, norm in ((q, layer.q_norm), (k, layer.k_norm)):
-            if norm is not None:  # per head or over the projection: groups of the norm's width
-                K.rmsnorm(proj.reshape(-1, len(norm)), proj.reshape(-1, len(norm)), norm, eps)
-        table = self.rope_table[i]
-        if table >= 0:
-            K.rope(q, self.cos[table], self.sin[table], ws.positions[:T], hd)
-            K.rope(k, self.cos[table], self.sin[table], ws.positions[:T], hd)
-        K.kv_write(cache.k[i], cache.v[i], k, v, pos0)
-        K.attention(att, q, cache.k[i], cache.v[i], pos0, ws.scores, self.windows[i], np.float32(cfg.attn_scale),
-                    np.float32(cfg.attn_logit_softcapping or 0.0))
-        _linear(o, att, layer.o)
-        if layer.attn_out_norm is not None:
-            K.rmsnorm(o, o, layer.attn_out_norm, eps)
-        x += o
-
-    def _mlp_block(self, layer, x: np.ndarray, ws: PrefillWorkspace) -> None:
-        """x += out_norm(down(act(gate(norm(x))) * up(norm(x))))."""
-        T, eps = len(x), self.config.rms_norm_eps
-        xn, gate, up, o = ws.xn[:T], ws.gate[:T], ws.up[:T], ws.proj[:T]
-        _norm_or_copy(xn, x, layer.mlp_norm, eps)
-        _linear(gate, xn, layer.gate)
-        _linear(up, xn, layer.up)
-        K.gated(gate, gate, up, self.config.hidden_act != "silu")
-        _linear(o, gate, layer.down)
-        if layer.mlp_out_norm is not None:
-            K.rmsnorm(o, o, layer.mlp_out_norm, eps)
-        x += o
+def _thread_count(threads: int | None) -> int:
+    """The most threads a step may use: `threads`, or every CPU Numba sees (NUMBA_NUM_THREADS)."""
+    most = numba.config.NUMBA_NUM_THREADS
+    if threads is None:
+        return most
+    if not 1 <= threads <= most:
+        raise UsageError(f"threads must be between 1 and {most} (the CPUs Numba sees; NUMBA_NUM_THREADS), got {threads}")
+    return threads
 
 
-def _linear(out: np.ndarray, inp: np.ndarray, lin) -> None:
-    K.matmul(out, inp, lin.w, lin.s)
-    if lin.b is not None:
-        K.add_bias(out, lin.b)
+def format_names(formats) -> str:
+    """"Q4_K and Q6_K": the formats as users know them (a grouped layout by the format it regroups)."""
+    names = sorted({fmt.group_of or fmt.name for fmt in formats})
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _norm_or_copy(out: np.ndarray, x: np.ndarray, norm: np.ndarray | None, eps: float) -> None:
-    """out = rmsnorm(x), or x itself where the architecture has no norm at that place."""
-    if norm is None:
-        out[:] = x
-    else:
-        K.rmsnorm(out, x, norm, eps)
+def _address(a: np.ndarray, unit: int = 1) -> tuple[int, int, int]:
+    """(data address, rows, row length in units of `unit` bytes) of a C-contiguous 2-D array, as
+    kernels.forward.ModelWeights holds matrices (Weights keeps the arrays alive)."""
+    if a.ndim != 2 or not a.flags.c_contiguous:
+        raise ValueError("a weight matrix must be a C-contiguous 2-D array")
+    return a.ctypes.data, a.shape[0], a.shape[1] * a.itemsize // unit
 
 
-def decode_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray) -> "K.DecodeWeights":
-    """The weights and architecture as kernels.decode_batch reads them, by name (built once at load)."""
+def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray) -> "K.ModelWeights":
+    """The weights and architecture as kernels.forward reads them, by name (built once at load):
+    every matrix as its bytes, with its format's kernels (compiled now, or loaded from Numba's
+    cache, for the formats this model has)."""
     layers = w.layers
     f = np.float32
-
-    def per_layer(get) -> List:
-        return typed_list(get(layer) for layer in layers)
+    linears = [getattr(layer, kind) for layer in layers for kind in ("q", "k", "v", "o", "gate", "up", "down")] + [w.embed, w.lm_head]
+    assert len(linears) == MATRIX_KINDS * len(layers) + 2
+    formats = sorted({lin.format for lin in linears}, key=lambda fmt: fmt.code)
+    operands = sorted({fmt.operand for fmt in formats} - {K.Operand.FLOAT32})
+    with CompileNotice(f"kernels for {format_names(formats)}", jobs=len(formats) + len(operands)) as notice:
+        for fmt in formats:
+            K.kernels_for(fmt)
+            notice.step()
+        prepare = np.zeros(len(K.Operand), np.int64)
+        for op in operands:
+            prepare[op] = K.prepare_for(op).address
+            notice.step()
 
     def stacked_bias(*names) -> np.ndarray:
         """(L, sum of widths); (L, 0) when these projections have no bias."""
@@ -418,16 +358,15 @@ def decode_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
             return np.zeros((len(layers), 0), f)
         return np.stack([getattr(layer, name) for layer in layers]).astype(f)
 
-    matrices = {}
-    for name in ("q", "k", "v", "o", "gate", "up", "down"):
-        matrices[name] = per_layer(lambda layer: getattr(layer, name).w)
-        matrices[name + "_scales"] = per_layer(lambda layer: getattr(layer, name).s)
-    norms = {name: stacked_norm(name) for name in ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm")}
-    return K.DecodeWeights(
-        embed=w.embed.w,
-        embed_scales=w.embed.s,
-        lm_head=w.lm_head.w,
-        lm_head_scales=w.lm_head.s,
+    return K.ModelWeights(
+        matrices=np.array([_address(lin.w) for lin in linears], np.int64),
+        scales=np.array([_address(NO_SCALES if lin.scales is None else lin.scales, unit=2) for lin in linears], np.int64),
+        linear=np.array([K.kernels_for(lin.format).linear.address for lin in linears], np.int64),
+        row=np.array([K.kernels_for(lin.format).row.address for lin in linears], np.int64),
+        operand=np.array([int(lin.format.operand) for lin in linears], np.int64),
+        prepare=prepare,
+        steps=np.zeros(len(STEPS) + 1, np.int64),  # filled by Model once the state's type is known
+        **{name: stacked_norm(name) for name in ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm")},
         final_norm=w.norm,
         qkv_bias=stacked_bias("q", "k", "v"),
         o_bias=stacked_bias("o"),
@@ -435,11 +374,11 @@ def decode_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         down_bias=stacked_bias("down"),
         rope_table=rope_table,
         window=windows,
+        heads=cfg.num_attention_heads,
+        eps=f(cfg.rms_norm_eps),
         embed_scale=f(cfg.embed_scale),
         attn_scale=f(cfg.attn_scale),
         attn_softcap=f(cfg.attn_logit_softcapping or 0.0),
         final_softcap=f(cfg.final_logit_softcapping or 0.0),
         gelu=cfg.hidden_act != "silu",
-        **norms,
-        **matrices,
     )

@@ -118,7 +118,7 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
     if 0 < params.top_k < len(logits):
         # chosen on the float32 logits (the same set as on the scaled ones: dividing by a
         # positive temperature keeps the order), so only k values are widened; best first, ties
-        # in index order (kernels.select)
+        # in index order (kernels.top_k)
         candidates, kept = np.empty(params.top_k, np.int64), np.empty(params.top_k, np.float32)
         top_k(candidates, kept, np.ascontiguousarray(logits, dtype=np.float32))
     else:

@@ -28,6 +28,7 @@ from . import openai_protocol as oai
 from .api import LLM
 from .detokenize import TextAssembler
 from .engine import QueueFullError, RequestHandle, TokenEvent
+from .options import Options
 from .errors import ContextLengthError, MiniLLMError
 from .openai_protocol import (
     APIError, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SamplingRequest, TokenizeRequest,
@@ -470,18 +471,18 @@ def _add_error_handlers(app: FastAPI, service: Service) -> None:
         return respond(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
-def serve(load: Callable[[], LLM], model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          api_key: str | None = None, shutdown_timeout: float = 30.0, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
-    """Serve at once, answering 503 (and /health "loading") while `load()` runs in a thread; on
-    SIGTERM or Ctrl-C stop accepting and let running requests finish for up to shutdown_timeout
-    seconds. Returns the error that stopped loading, if any."""
+def serve(load: Callable[[], LLM], options: Options, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
+    """Serve at once (options: host, port, api_key, model name, shutdown_timeout), answering 503
+    (and /health "loading") while `load()` runs in a thread; on SIGTERM or Ctrl-C stop accepting
+    and let running requests finish for up to options.shutdown_timeout seconds. Returns the error
+    that stopped loading, if any."""
     import threading
 
     import uvicorn
 
-    app = create_app(None, model_name, api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=shutdown_timeout))
+    app = create_app(None, options.served_name, options.api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                                           timeout_graceful_shutdown=options.shutdown_timeout))
     failed: list[MiniLLMError] = []
 
     def load_model():

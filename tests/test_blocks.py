@@ -1,38 +1,38 @@
-"""GGUF block formats (kernels.blocks) against gguf-py: dequantization bit for bit, products equal
+"""GGUF block formats (kernels.gguf_blocks) against gguf-py: dequantization bit for bit, products equal
 to the float32 path's fixed-order dot product of the dequantized rows for every tile shape, and
 the Q4_0 quantizer equal to gguf-py's."""
-
-import importlib
 
 import numpy as np
 import pytest
 from numba import njit
 
 import kernels as K
-import kernels.blocks as KB
+import kernels.gguf_blocks as KB
 from gguf_tiny import random_blocks
-from kernels.weight_products import row_dot
+from kernels.row_products import row_dot
 
-KM = importlib.import_module("kernels.matmul")  # the module; `kernels.matmul` is also the function
-
-FORMATS = list(KB.FORMATS)
+FORMATS = [f for f in K.FORMATS if f.ggml_type is not None]  # every GGUF type minillm runs as stored
+FLOAT_ACTIVATIONS = [f for f in FORMATS if f.operand == K.Operand.FLOAT32]  # BF16 rounds them (test_kernels)
 
 
 def blocks_of(fmt, rows, cols, seed=0):
-    """Rows of a ggml type: float rows as their bytes, block formats as random blocks."""
+    """Rows as a GGUF file stores them: F32 as float32, BF16 as its bits, F16 as bytes, block
+    formats as random blocks."""
     rng = np.random.default_rng(seed)
-    if fmt in (KB.F32_TYPE, KB.F16_TYPE, KB.BF16_TYPE):
+    if fmt.name in ("F32", "F16", "BF16"):
         f = rng.standard_normal((rows, cols)).astype(np.float32)
-        stored = {KB.F32_TYPE: f, KB.F16_TYPE: f.astype(np.float16), KB.BF16_TYPE: (f.view(np.uint32) >> 16).astype(np.uint16)}[fmt]
-        return np.ascontiguousarray(stored).view(np.uint8).reshape(rows, -1)
-    return random_blocks(fmt, rows, cols, seed=seed)
+        if fmt.name == "F16":
+            return np.ascontiguousarray(f.astype(np.float16)).view(np.uint8).reshape(rows, -1)
+        return f if fmt.name == "F32" else (f.view(np.uint32) >> 16).astype(np.uint16)
+    return random_blocks(fmt.ggml_type, rows, cols, seed=seed)
 
 
 def gguf_dequantize(w, fmt, rows, cols):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return np.ascontiguousarray(dequantize(w, GGMLQuantizationType(fmt)).reshape(rows, cols).astype(np.float32))
+    raw = np.ascontiguousarray(w).view(np.uint8).reshape(rows, -1)
+    return np.ascontiguousarray(dequantize(raw, GGMLQuantizationType(fmt.ggml_type)).reshape(rows, cols).astype(np.float32))
 
 
 @njit(cache=True)
@@ -43,41 +43,35 @@ def reference_products(out, wf, x):
             out[t, n] = row_dot(wf, wf[:1, :1], n, x[t], x[t, :0], x[t, :0])
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=[KB.NAMES[f] for f in FORMATS])
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
 def test_rows_dequantize_as_gguf_py_does(fmt):
     rows, cols = 9, 512
     w = blocks_of(fmt, rows, cols)
     ref = gguf_dequantize(w, fmt, rows, cols)
-    out = np.empty((rows, cols), np.float32)
-    s = np.array([[fmt]], np.uint16)
-    K.dequantize(out, w, s)
+    out = K.dequantize(w, fmt)
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
 
 
 @pytest.mark.parametrize("T", [7, 13, 37])
-@pytest.mark.parametrize("fmt", FORMATS, ids=[KB.NAMES[f] for f in FORMATS])
+@pytest.mark.parametrize("fmt", FLOAT_ACTIVATIONS, ids=[f.name for f in FLOAT_ACTIVATIONS])
 def test_products_are_the_float32_paths_on_dequantized_rows(fmt, T):
-    """Every tile shape (below 8 tokens: 4 or 1 rows by 4 or 1 tokens; from 8: 2 or 1 rows by
-    8, 4 or 1 tokens; odd counts of both), the dequantized panels of prefill (from PANEL_TOKENS
-    tokens), matvec and matmul give the float32 path's bits."""
+    """Every tile shape (below 8 rows of x: 4 or 1 weight rows by 4 or 1 rows of x; from 8: 2 or 1
+    by 8, 4 or 1; odd counts of both), the dequantized panels of prefill (from PANEL_TOKENS rows
+    of x), one row of x and many give the float32 path's bits."""
     rows, cols = 11, 768
     w = blocks_of(fmt, rows, cols, seed=1)
     wf = gguf_dequantize(w, fmt, rows, cols)
     x = np.random.default_rng(2).standard_normal((T, cols)).astype(np.float32)
     ref = np.zeros((T, rows), np.float32)
     reference_products(ref, wf, x)
-    s = np.array([[fmt]], np.uint16)
     out = np.zeros((T, rows), np.float32)
-    K.matmul(out, x, w, s)
+    K.matmul(out, x, w, fmt)
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
-    tiles = np.zeros((T, rows), np.float32)
-    KM.block_matmul(tiles, x, w, s)  # the block tiles, whatever matmul chose
-    np.testing.assert_array_equal(tiles.view(np.uint32), ref.view(np.uint32))
-    one = np.zeros(rows, np.float32)
-    K.matvec(one, x[3], w, s)
-    np.testing.assert_array_equal(one, ref[3])
+    one = np.zeros((1, rows), np.float32)
+    K.matmul(one, x[3:4], w, fmt)
+    np.testing.assert_array_equal(one[0], ref[3])
     dense = np.zeros((T, rows), np.float32)
-    K.matmul(dense, x, wf, np.zeros((1, 1), np.float32))  # the float32 kernel on the same rows
+    K.matmul(dense, x, wf, K.BY_NAME["F32"])  # the float32 kernel on the same rows
     np.testing.assert_array_equal(out, dense)
 
 

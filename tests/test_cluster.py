@@ -206,14 +206,16 @@ def test_deployment_app_takes_serves_options_by_name(monkeypatch, default_model_
 
     app = cluster.deployment_app({"model": str(default_model_dir), "replicas": "2", "threads": "1"})
     assert isinstance(app, serve.Application)
-    seen = {}
-    monkeypatch.setattr(cluster, "build_app", lambda source, name, key, **options: seen.update(source=source, name=name, key=key, **options))
+    seen = []
+    monkeypatch.setattr(cluster, "build_app", seen.append)
     cluster.deployment_app({"model": "/models/q.gguf", "autoscale": "1:8", "threads": "4", "max_batch": "16",
                             "ctx": "4096", "cache_mb": "512", "api_key": "k", "dtype": "", "ingress_replicas": "3",
                             "check_weights": "true", "shutdown_timeout": "5"})
-    assert seen == {"source": "/models/q.gguf", "name": "q", "key": "k", "replicas": 1, "threads": 4, "autoscale": (1, 8),
-                    "ingress_replicas": 3, "max_batch": 16, "max_queue": 64, "ctx": 4096, "dtype": None, "cache_mb": 512.0,
-                    "check_weights": True, "shutdown_timeout": 5.0}
+    from minillm.options import Options
+
+    assert seen == [Options(model="/models/q.gguf", api_key="k", threads=4, autoscale=(1, 8), ingress_replicas=3, max_batch=16,
+                            ctx=4096, cache_mb=512.0, check_weights=True, shutdown_timeout=5.0)]
+    assert seen[0].served_name == "q" and seen[0].replica_count == 1 and seen[0].replica_threads == 4
     with pytest.raises(Exception, match="unknown argument 'replica'"):  # a misspelt option is not ignored
         cluster.deployment_app({"model": "/models/q.gguf", "replica": "4"})
 

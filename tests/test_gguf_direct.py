@@ -1,6 +1,6 @@
 """GGUF files run as stored (`--model FILE.gguf`): every block format gives, bit for bit, the
 logits of the same file imported (dequantized) and run at float32, but Q4_0, Q8_0, Q4_K and Q6_K
-regrouped for integer products (kernels.row_groups), which come within 16-bit activations'
+regrouped for integer products (kernels.integer_products), which come within 16-bit activations'
 error; decode, batched decode and prefill agree; `--dtype q4_0` quantizes a checkpoint as
 llama.cpp's Q4_0 does."""
 
@@ -84,9 +84,9 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
     reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
-    # float32 sums and one int8 matrix, or Q4_0, Q4_K and Q6_K regrouped (kernels.row_groups: integer
+    # float32 sums and one int8 matrix, or Q4_0, Q4_K and Q6_K regrouped (kernels.integer_products: integer
     # products with activations quantized to 16 bits per block): close, not equal
-    assert direct.weights.grouped == (case in GROUPED_CASES)
+    assert any(f.group_of for f in direct.weights.formats) == (case in GROUPED_CASES)
     if case in ("v_at_q8_0", *GROUPED_CASES):
         # each position within a small share of its largest logit: a block's 16-bit levels lose
         # its values far below its largest, and these random models have outliers (the q6_k

@@ -164,14 +164,14 @@ def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype, case):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_decode_equals_prefill_bit_for_bit_with_long_rows(tmp_path, dtype):
-    """Rows of K >= kernels.decode.LONG_ROW (the down projection here, with a ragged tail) take the
+    """Rows of K >= kernels.matmul.LONG_ROW (the down projection here, with a ragged tail) take the
     four-rows-at-once decode path at float32; it must still sum in the prefill's order. bfloat16
     rows go one at a time in two accumulators: odd counts of chunks (129 in the down rows, 3 in
     the hidden rows) leave a last chunk outside the even/odd pairs. int8 rows go one at a time in
     blocks of 32 against int16 activations, with float32 tails of 3 and 16 elements."""
-    import kernels.decode
+    from kernels.matmul import LONG_ROW
 
-    intermediate = kernels.decode.LONG_ROW + 32 + 3
+    intermediate = LONG_ROW + 32 + 3
     make_checkpoint(tmp_path, intermediate_size=intermediate, hidden_size=112, num_attention_heads=4, num_key_value_heads=2)
     model = Model.load(tmp_path, dtype=dtype)
     full = model.forward(TOKENS[:12], model.new_cache(), all_logits=True)
@@ -200,7 +200,7 @@ def test_low_precision_stays_close_to_float32(tmp_path, case, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_batches_of_four_and_eight_use_register_tiles_and_stay_bit_identical(tmp_path, dtype, batch):
     """From four sequences on, decode multiplies weight rows into 4 x 4 register tiles, four
-    sequences at a time (kernels.decode._batch_tiles), the rest one row dot at a time; rows of 48
+    sequences at a time (kernels.matmul._batch_tiles), the rest one row dot at a time; rows of 48
     and 72 leave tails past the chunks. Every row of the batch equals that sequence decoded alone."""
     from minillm.cache import KVPool
 

@@ -10,10 +10,15 @@ import pytest
 
 import kernels as K
 from conftest import ROOT
-from kernels.expf import divide, exp_f32
+from kernels.vector_math import divide, exp_f32
 
 RNG = np.random.default_rng(0)
-NO_S = np.zeros((1, 1), np.float32)
+F32, BF16, I8 = K.BY_NAME["F32"], K.BY_NAME["BF16"], K.BY_NAME["I8"]
+
+
+def matvec(out, x, w, fmt, s=None):
+    """One row of activations: the decode path's products."""
+    K.matmul(out.reshape(1, -1), x.reshape(1, -1), w, fmt, s)
 
 
 def rand(*shape):
@@ -72,7 +77,7 @@ def test_rmsnorm(T, H):
 def test_matvec(N, Kdim):
     x, w = rand(Kdim), rand(N, Kdim)
     out = np.empty(N, np.float32)
-    K.matvec(out, x, w, NO_S)
+    matvec(out, x, w, F32)
     np.testing.assert_allclose(out, w.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
 
 
@@ -80,7 +85,7 @@ def test_matvec(N, Kdim):
 def test_matmul(T, N, Kdim):
     x, w = rand(T, Kdim), rand(N, Kdim)
     out = np.empty((T, N), np.float32)
-    K.matmul(out, x, w, NO_S)
+    K.matmul(out, x, w, F32)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
@@ -91,17 +96,15 @@ def ref_bf16(x):
 
 
 def low_precision(w, dtype):
-    """(weights, scales, float32 weights they stand for, activation rounding) at a precision."""
+    """(weights, their format, scales, float32 weights they stand for, activation rounding) at a precision."""
     if dtype == "bfloat16":
         wb = np.empty(w.shape, np.uint16)
         K.to_bf16(wb, w)
-        return wb, NO_S, (wb.astype(np.uint32) << 16).view(np.float32), ref_bf16
+        return wb, BF16, None, (wb.astype(np.uint32) << 16).view(np.float32), ref_bf16
     q = np.empty(w.shape, np.int8)
     s = np.empty((w.shape[0], -(-w.shape[1] // K.QBLOCK)), np.uint16)  # float16 bits
     K.quantize_int8(q, s, w)
-    back = np.empty_like(w)
-    K.dequantize(back, q, s)
-    return q, s, back, ref_int16_blocks
+    return q, I8, s, K.dequantize(q, I8, s), ref_int16_blocks
 
 
 def ref_int16_blocks(x):
@@ -118,7 +121,7 @@ def ref_int16_blocks(x):
 
 
 def test_activation_blocks_quantize_as_the_reference_and_keep_nan():
-    """Activations as int8 weights meet them (kernels.activation_prep.quantize_blocks): levels and scales as the NumPy
+    """Activations as int8 weights meet them (kernels.activation_operands.quantize_blocks): levels and scales as the NumPy
     reference; an all-zero block stays zero; NaN or Inf in a block makes its scale NaN (so the
     outputs are NaN, as in float arithmetic); the tail past the last block is left alone."""
     x = rand(3, 5 * K.QBLOCK + 7)
@@ -135,27 +138,27 @@ def test_activation_blocks_quantize_as_the_reference_and_keep_nan():
     assert (q[1, K.QBLOCK : 2 * K.QBLOCK] == 0).all() and s[1, 1] == 0
     assert np.isnan(s[2, 0]) and np.isnan(s[2, 2]) and np.isfinite(s[2, [1, 3, 4]]).all()
     assert (q[:, full:] == 99).all()
-    w, ws, _, _ = low_precision(rand(4, x.shape[1]), "int8")
+    w, fmt, ws, _, _ = low_precision(rand(4, x.shape[1]), "int8")
     out = np.empty(4, np.float32)
-    K.matvec(out, x[2], w, ws)
+    matvec(out, x[2], w, fmt, ws)
     assert np.isnan(out).all()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-@pytest.mark.parametrize("T,N,Kdim", [(1, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (6, 12, 128), (5, 21, 613)])
+@pytest.mark.parametrize("T,N,Kdim", [(1, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (6, 12, 128), (5, 21, 613), (19, 40, 613)])
 def test_low_precision_matmul_and_matvec(dtype, T, N, Kdim):
     """bfloat16 weights meet activations rounded to bfloat16, int8 weights activations quantized
     to int16 per block of 32; the matmul's every output equals the matvec (decode) dot product
     bit for bit."""
     x = rand(T, Kdim)
-    w, s, w_ref, act = low_precision(rand(N, Kdim), dtype)
+    w, fmt, s, w_ref, act = low_precision(rand(N, Kdim), dtype)
     out = np.empty((T, N), np.float32)
-    K.matmul(out, x, w, s)
+    K.matmul(out, x, w, fmt, s)
     expected = act(x).astype(np.float64) @ w_ref.T.astype(np.float64)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
     for t in range(T):
         row = np.empty(N, np.float32)
-        K.matvec(row, x[t], w, s)
+        matvec(row, x[t], w, fmt, s)
         np.testing.assert_array_equal(row, out[t])
 
 

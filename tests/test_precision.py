@@ -73,8 +73,7 @@ def test_int8_quantization_error_is_bounded(N, Kdim):
     q = np.empty((N, Kdim), np.int8)
     s = np.empty((N, -(-Kdim // K.QBLOCK)), np.uint16)
     K.quantize_int8(q, s, w)
-    back = np.empty_like(w)
-    K.dequantize(back, q, s)
+    back = K.dequantize(q, K.BY_NAME["I8"], s)
     scales = s.view(np.float16).astype(np.float32)
     step = np.repeat(scales, K.QBLOCK, axis=1)[:, :Kdim]
     assert (np.abs(back - w) <= step / 2 + 1e-6).all()  # within half a quantization step: never clips

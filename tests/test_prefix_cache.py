@@ -10,6 +10,7 @@ from hf_tiny import VOCAB, make_checkpoint
 from minillm.cache import KVCache
 from minillm.engine import Engine
 from minillm.model import Model
+from minillm.options import Options
 from minillm.prefix_cache import BLOCK_TOKENS, PrefixCache
 from minillm.sampling import SamplingParams
 
@@ -52,7 +53,7 @@ def test_a_later_request_reuses_the_shared_prefix(model):
     tokens and logprobs are the no-cache engine's."""
     rng = np.random.default_rng(1)
     system = rng.integers(0, VOCAB, size=130).tolist()
-    cached, cold = Engine(model, cache_mb=64), Engine(model, cache_mb=0)
+    cached, cold = Engine(model, Options(cache_mb=64)), Engine(model, Options(cache_mb=0))
     first, hit = run(cached, system)
     assert hit == 0 and first == run(cold, system)[0]
     turn2 = system + [t for t, _, _ in first] + rng.integers(0, VOCAB, size=9).tolist()
@@ -77,8 +78,8 @@ def test_random_interleaving_with_eviction_matches_the_no_cache_engine(model):
         params = GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i)
         requests.append((prompt, int(rng.integers(1, 12)), params))
     block_mb = PrefixCache(model.config, 0).block_bytes / 2**20
-    tiny = Engine(model, max_batch=4, cache_mb=block_mb * 5)
-    reference = Engine(model, max_batch=4, cache_mb=0)
+    tiny = Engine(model, Options(max_batch=4, cache_mb=block_mb * 5))
+    reference = Engine(model, Options(max_batch=4, cache_mb=0))
     expected = [run(reference, p, n, params)[0] for p, n, params in requests]
 
     results = [None] * len(requests)

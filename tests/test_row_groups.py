@@ -1,4 +1,4 @@
-"""Q4_0 and Q6_K in groups of 16 rows (kernels.row_groups) against plain NumPy: regrouping keeps
+"""Q4_0 and Q6_K in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
 every weight (dequantized bit for bit as gguf-py does), activations split into bytes exactly,
 products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
 same bits."""
@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-import kernels.row_groups as KQ
+import kernels as K
+import kernels.integer_products as KQ
 from gguf_tiny import random_blocks
-from kernels.blocks import Q4_0, Q4_K, Q6_K, Q8_0
+from kernels.gguf_blocks import Q4_0, Q4_K, Q6_K, Q8_0
 
 FORMATS = [Q4_0, Q8_0, Q4_K, Q6_K]
 
@@ -21,9 +22,10 @@ def split_rows(xo, xs, x):
 
 
 def grouped(fmt, rows, cols, seed=0):
+    """(a ggml type's random blocks, the same regrouped, the grouped layout's WeightFormat)."""
     q = random_blocks(fmt, rows, cols, seed=seed)
     g = np.empty(q.shape, np.uint8)
-    layout = KQ.group_rows(g, q, fmt)
+    layout = K.BY_CODE[KQ.group_rows(g, q, fmt)]
     return q, g, layout
 
 
@@ -88,12 +90,10 @@ def test_regrouped_rows_dequantize_as_gguf_py(fmt):
 
     q, g, layout = grouped(fmt, 48, 512)
     want = dequantize(q, GGMLQuantizationType(fmt)).reshape(48, 512).astype(np.float32)
-    row = np.empty(512, np.float32)
-    for n in range(48):
-        KQ.grouped_row_get(layout, g, n, row)
-        np.testing.assert_array_equal(row, want[n])
+    np.testing.assert_array_equal(K.dequantize(g, layout), want)
     assert g.nbytes == q.nbytes  # the same bytes, interleaved
-    assert KQ.can_group(q, fmt) and not KQ.can_group(q[:40], fmt)
+    stored = K.BY_GGML_TYPE[fmt]
+    assert K.formats.runnable(stored, 48) is layout and K.formats.runnable(stored, 40) is stored
 
 
 def test_activations_split_into_bytes_exactly():
@@ -118,7 +118,7 @@ def test_products_equal_the_integer_reference(fmt, T):
     q, g, layout = grouped(fmt, 32, 512, seed=T)
     x = np.random.default_rng(T).standard_normal((T, 512)).astype(np.float32)
     out = np.zeros((T, 32), np.float32)
-    KQ.grouped_matmul(out, x, g, layout)
+    K.matmul(out, x, g, layout)
     np.testing.assert_allclose(out, products_reference(fmt, q, x), rtol=1e-6, atol=1e-6 * np.abs(out).max())
     # and close to the dequantized rows' products in float64: 16-bit activations' error
     levels, dw, dm = levels_and_scales(fmt, q, 512)
@@ -129,14 +129,14 @@ def test_products_equal_the_integer_reference(fmt, T):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_tile_gives_the_same_bits(fmt):
     """Tokens alone (decode), in eights and fours (batches) and many at once (prefill) agree to
-    the bit: 13 tokens take a tile of 8, one of 4 and one alone."""
+    the bit: 21 tokens take two tiles of 8, one of 4 and one alone."""
     q, g, layout = grouped(fmt, 64, 256, seed=7)
-    x = np.random.default_rng(7).standard_normal((13, 256)).astype(np.float32)
-    together = np.zeros((13, 64), np.float32)
-    KQ.grouped_matmul(together, x, g, layout)
-    for t in range(13):
+    x = np.random.default_rng(7).standard_normal((21, 256)).astype(np.float32)
+    together = np.zeros((21, 64), np.float32)
+    K.matmul(together, x, g, layout)
+    for t in range(21):
         alone = np.zeros((1, 64), np.float32)
-        KQ.grouped_matmul(alone, x[t : t + 1], g, layout)
+        K.matmul(alone, x[t : t + 1], g, layout)
         np.testing.assert_array_equal(alone[0], together[t])
 
 
@@ -146,19 +146,22 @@ def test_a_nan_activation_reaches_its_outputs_only(fmt):
     x = np.ones((2, 256), np.float32)
     x[0, 5] = np.nan
     out = np.zeros((2, 16), np.float32)
-    KQ.grouped_matmul(out, x, g, layout)
+    K.matmul(out, x, g, layout)
     assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_both_ways_of_summing_bytes_are_exact(native):
-    """vpdpbusd, and the plain vectors written for CPUs without AVX-512 VNNI, give the exact sums."""
+@pytest.mark.parametrize("way,wide", [("vnni", True), ("avx2", False), ("avx2", True), ("plain", True)])
+def test_every_way_of_summing_bytes_is_exact(way, wide):
+    """vpdpbusd, AVX2's byte and word pair sums (levels below 128, and up to 255 as Q8_0's), and
+    the plain vectors for other CPUs all give the exact sums."""
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
-    if native and "avx512vnni" not in KQ.host_features():
-        pytest.skip("this CPU has no AVX-512 VNNI")
+    from kernels.target import has
+
+    if way == "vnni" and not has("avx512vnni") or way == "avx2" and not has("avx2"):
+        pytest.skip(f"this CPU cannot run the {way} way")
 
     @intrinsic
     def dot(typingctx, acc, u, s):
@@ -166,7 +169,7 @@ def test_both_ways_of_summing_bytes_are_exact(native):
             ptrs = [context.make_array(t)(context, b, a).data for t, a in zip(signature.args, args)]
             load = lambda p, ty: b.load(b.bitcast(p, ty.as_pointer()), align=1)
             pa = b.bitcast(ptrs[0], KQ.I32_VEC.as_pointer())
-            total = KQ._dpbusd(b, load(ptrs[0], KQ.I32_VEC), load(ptrs[1], KQ.BYTES64), load(ptrs[2], KQ.BYTES64), native=native)
+            total = KQ._dpbusd(b, load(ptrs[0], KQ.I32_VEC), load(ptrs[1], KQ.BYTES64), load(ptrs[2], KQ.BYTES64), way=way, wide_levels=wide)
             b.store(total, pa, align=1)
             return context.get_dummy_value()
 
@@ -177,9 +180,11 @@ def test_both_ways_of_summing_bytes_are_exact(native):
         dot(acc, u, s)
 
     rng = np.random.default_rng(3)
+    top = 256 if wide else 64  # Q6_K's levels reach 63; Q8_0's stored levels 255
     acc = rng.integers(-(2**20), 2**20, 16).astype(np.int32)
-    u, s = rng.integers(0, 256, 64).astype(np.uint8), rng.integers(-128, 128, 64).astype(np.int8)
-    u[:4], s[:4] = 255, -128  # the extremes
+    u, s = rng.integers(0, top, 64).astype(np.uint8), rng.integers(-128, 128, 64).astype(np.int8)
+    u[:4], s[:4] = top - 1, -128  # the extremes
+    u[4:8], s[4:8] = top - 1, 127
     want = acc + (u.astype(np.int64) * s).reshape(16, 4).sum(1)
     run(acc, u, s)
     np.testing.assert_array_equal(acc, want)

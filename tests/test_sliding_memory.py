@@ -8,6 +8,7 @@ import pytest
 from hf_tiny import VOCAB, make_checkpoint
 from minillm.engine import Engine
 from minillm.model import RELEASE_STEP, Model
+from minillm.options import Options
 from minillm.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -51,7 +52,7 @@ def test_engine_generation_and_prefix_reuse_past_the_window(model):
     them get only prefixes whose last window is intact, and the no-cache engine's tokens."""
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, VOCAB, size=40).tolist() for _ in range(2)]
-    cached, cold = Engine(model, max_batch=2, cache_mb=64), Engine(model, max_batch=2, cache_mb=0)
+    cached, cold = Engine(model, Options(max_batch=2, cache_mb=64)), Engine(model, Options(max_batch=2, cache_mb=0))
     first = [run(cold, p, 200)[0] for p in prompts]
     handles = [cached.submit(p, GREEDY, 200, stop_ids=()) for p in prompts]  # decoded together
     assert [[e.token for e in h] for h in handles] == first

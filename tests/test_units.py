@@ -313,11 +313,13 @@ def test_kernels_keep_openmp_spinning_unless_the_user_chose(preset, expected):
 def test_kernel_caches_go_stale_with_any_file_of_the_package(tmp_path, monkeypatch):
     """Kernels inline intrinsics and helpers from the package's other files, so each kernel's
     on-disk cache is stamped with all of them: Numba's own stamp (the defining file only) kept
-    decode_batch's old machine code after a change to row_groups.py."""
+    the old decode kernel's machine code after a change to integer_products.py. The formats'
+    compiled kernels (numba cfuncs) are stamped so too."""
     import kernels
     from kernels import jit
+    from kernels.forward import forward
 
-    for dispatcher in (kernels.decode_batch, kernels.top_k):
+    for dispatcher in (forward, kernels.top_k, kernels.kernels_for(kernels.BY_NAME["Q4_0_R16"]).linear):
         assert isinstance(dispatcher._cache._impl.locator, jit.PackageCacheLocator)
         assert dispatcher._cache._cache_file._source_stamp == jit.PackageCacheLocator.STAMP == jit._package_stamp()
     (tmp_path / "a.py").write_text("x = 1\n")

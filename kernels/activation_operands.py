@@ -4,16 +4,17 @@ of 32 against int8 weights (quantize_blocks), used as they are against float32 (
 picks, at compile time, by the weights' dtype).
 """
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
-from .ir_blocks import (
+from .vector_ir import (
     BF16_CHUNK, F32, I16, I64, LANES, QBLOCK, as_i64, bits_as_f32, data_ptr, loop, quantized_block, round_bf16_chunk,
 )
 from .jit import EXACT_MATH, kernel
-from .quant import bf16_bits
+from .quantize import bf16_bits
 
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
@@ -23,7 +24,7 @@ ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
 def quantize_blocks(typingctx, xq, xs, x, b):
     """Row b of float32 x quantized to int16 per block of QBLOCK, over its full blocks (int8 weights
     meet these in int8_block_term): xs[b, j] = the block's largest magnitude / 32767, xq[b, k] =
-    x[b, k] * (32767 / that magnitude), rounded to nearest even (ir_blocks.quantized_block). A
+    x[b, k] * (32767 / that magnitude), rounded to nearest even (vector_ir.quantized_block). A
     product's error is then at most about 1/65534 of the block's largest value."""
     sig = types.void(xq, xs, x, b)
 
@@ -99,22 +100,6 @@ def quantize_activations(xq, xs, x):
         quantize_blocks(xq, xs, x, b)
 
 
-def prepare_operand(w, xo, xs, x, b):
-    """Row b of x as the dot products against w's rows read it: rounded to bfloat16 bits into
-    xo[b] for bfloat16 weights, quantized to int16 into xo[b] with block scales xs[b] for int8
-    (once per vector, not once per weight row); nothing for float32."""
-    raise NotImplementedError
-
-
-@overload(prepare_operand)
-def _prepare_operand(w, xo, xs, x, b):
-    if w.dtype == types.uint16:
-        return lambda w, xo, xs, x, b: round_bf16_chunks(xo, x, b)
-    if w.dtype == types.int8:
-        return lambda w, xo, xs, x, b: quantize_blocks(xo, xs, x, b)
-    return lambda w, xo, xs, x, b: None
-
-
 def chunk_operand(w, x, xo):
     """The activations weight_dot_chunks reads against w's rows: xo (prepare_operand's) for
     bfloat16 and int8 weights, x itself for float32 and block formats."""
@@ -128,15 +113,47 @@ def _chunk_operand(w, x, xo):
     return lambda w, x, xo: xo
 
 
-def operand_buffers(w, T, K):
-    """(xo, xs) for prepare_operand of T vectors of K against w's precision."""
-    raise NotImplementedError
+# ---------------------------------------------------------------- each operand's compiled kernel
 
 
-@overload(operand_buffers)
-def _operand_buffers(w, T, K):
-    if w.dtype == types.int8:
-        return lambda w, T, K: (np.empty((T, K), np.int16), np.empty((T, K // QBLOCK), np.float32))
-    if w.dtype == types.uint16:
-        return lambda w, T, K: (np.empty((T, K), np.uint16), np.empty((T, 0), np.float32))
-    return lambda w, T, K: (np.empty((T, 0), np.float32), np.empty((T, 0), np.float32))  # x itself
+def make_prepare(operand):
+    """The compiled kernel (kernels.formats.PREPARE_SIGNATURE) preparing rows r0..r1-1 of x as
+    `operand` into xo (16-bit) and xs (block scales)."""
+    from numba import cfunc
+
+    from .formats import PREPARE_SIGNATURE, Operand
+    from .integer_products import quantize_split
+
+    if operand == Operand.BFLOAT16:
+
+        def prepare(xo, xs, x, r0, r1):
+            for r in range(r0, r1):
+                round_bf16_chunks(xo, x, r)
+
+    elif operand == Operand.INT16:
+
+        def prepare(xo, xs, x, r0, r1):
+            q = xo.view(np.int16)
+            for r in range(r0, r1):
+                quantize_blocks(q, xs, x, r)
+
+    elif operand == Operand.SPLIT_BYTES:
+
+        def prepare(xo, xs, x, r0, r1):
+            for r in range(r0, r1):
+                quantize_split(xo, xs, x, r)
+
+    else:
+        raise ValueError(f"nothing to prepare for {operand!r}")
+    prepare.__qualname__ = prepare.__name__ = f"prepare_{operand.name.lower()}"
+    return cfunc(PREPARE_SIGNATURE, cache=True, fastmath=EXACT_MATH)(prepare)
+
+
+def _call_prepare():
+    from .formats import PREPARE_SIGNATURE
+    from .jit import address_call
+
+    return address_call(PREPARE_SIGNATURE, "call_prepare")
+
+
+call_prepare = _call_prepare()

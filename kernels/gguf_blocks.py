@@ -2,26 +2,26 @@
 Q4_K, Q5_K and Q6_K (super-blocks of 256), laid out as ggml and gguf-py define them, and F32, F16
 and BF16 rows beside them (read 32 weights at a time). A weight
 matrix is its rows of raw blocks, uint8 (N, bytes per row), straight from the memory-mapped file;
-the matrix's `s` holds its ggml type (kernels.quant.block_format).
+the matrix's `s` holds its ggml type (kernels.quantize.block_format).
 
 Each block is read once and dequantized in registers, 16 weights at a time, with exactly the
 roundings of gguf-py's `dequantize` (d * q, then + m or - dmin * m as separate operations, never
 fused), and meets float32 activations in the float32 path's fixed-order sum: one accumulator of
-16 lanes, a fused multiply-add per chunk of 16, the one reduction tree (ir_blocks). So these
+16 lanes, a fused multiply-add per chunk of 16, the one reduction tree (vector_ir). So these
 matrices give, bit for bit, the sums of the same file dequantized to float32 and run at float32;
 and decode, batched decode and prefill agree to the bit, whatever the tile. (Q4_0, Q8_0, Q4_K and
 Q6_K matrices in whole groups of 16 rows are regrouped at load and run on integer products
-instead: kernels.row_groups.)
+instead: kernels.integer_products.)
 
 A tile of R rows x G tokens dequantizes each row's chunk once for its G tokens: batched decode
 and prefill pay for the unpacking once per row, not once per sequence.
 """
 
 from llvmlite import ir
-from numba import literal_unroll, njit, types
+from numba import literal_unroll, types
 from numba.extending import intrinsic, overload
 
-from .ir_blocks import F32, I32, I32_VEC, I64, LANES, LINE_BYTES, PREFETCH_BYTES, VEC, as_i64, fma_vec, load_f32, loop, prefetch, reduce_tree, splat
+from .vector_ir import F32, I32, I32_VEC, I64, LANES, LINE_BYTES, PREFETCH_BYTES, VEC, as_i64, fma_vec, load_f32, loop, prefetch, reduce_tree, splat
 from .jit import EXACT_MATH
 
 # ggml type numbers
@@ -124,9 +124,9 @@ def _high_bit_halves(b, word):
 def _permute_ready() -> bool:
     """Whether this CPU has AVX-512's variable permutes (vpermps, vpermt2ps). Without them each
     level is converted and scaled instead: the same values, two more float operations a chunk."""
-    from .cpu import host_features
+    from .target import has
 
-    return "avx512f" in host_features()
+    return has("avx512f")
 
 
 def _level_values(b, levels, scale, offset=None, sub=0):
@@ -404,10 +404,6 @@ def _block_rows(fmt, out, col, w, n0, n1, x):
     return rows
 
 
-# every format, for literal_unroll: dispatching on a ggml type known only at run time
-ALL_FORMATS = tuple(FORMATS)
-
-
 TOKEN_GROUPS = (8, 4, 1)
 
 
@@ -416,7 +412,7 @@ def _row_tokens(fmt, R, out, col, w, n, x):
     raise NotImplementedError
 
 
-@overload(_row_tokens, prefer_literal=True, jit_options={"fastmath": EXACT_MATH}, inline="always")
+@overload(_row_tokens, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _row_tokens_impl(fmt, R, out, col, w, n, x):
     F, nr = _literal(fmt), _literal(R)
     if F not in FORMATS or nr not in (1, 2):
@@ -434,19 +430,3 @@ def _row_tokens_impl(fmt, R, out, col, w, n, x):
                 t += G
 
     return tokens
-
-
-@njit(fastmath=EXACT_MATH, cache=True, nogil=True)
-def block_product(fmt, out, col, w, n0, n1, x):
-    """block_rows for a block format known at run time: one call per task of rows, not per row."""
-    for F in literal_unroll(ALL_FORMATS):
-        if fmt == F:
-            block_rows(F, out, col, w, n0, n1, x)
-
-
-@njit(cache=True, nogil=True)
-def block_row_get(fmt, w, n, out):
-    """out[:] = row n of block-format weights w, dequantized (dequantize_block_row)."""
-    for F in literal_unroll(ALL_FORMATS):
-        if fmt == F:
-            dequantize_block_row(F, w, n, out)

@@ -9,8 +9,8 @@ else is computed alongside. Numba leaves float reductions scalar unless allowed 
 
 Here: vector types, loads, the loop and reduction skeletons, the 4 x 4 register tile, and the
 per-precision pieces the weight products use (bfloat16 chunks and vdpbf16ps, int8 blocks and
-their pair sums). The intrinsics built from them live in weight_products, float_sums and
-activation_prep.
+their pair sums). The intrinsics built from them live in row_products, float_sums and
+activation_operands.
 """
 
 from llvmlite import ir
@@ -305,11 +305,11 @@ I16_VEC = ir.VectorType(I16, BF16_CHUNK)
 
 def native_bf16() -> bool:
     """Whether this CPU has AVX-512 BF16 (vdpbf16ps, vcvtne2ps2bf16). Without it the same products
-    and roundings are written as plain integer and float vectors (kernels.cpu); Numba's on-disk
+    and roundings are written as plain integer and float vectors (kernels.target); Numba's on-disk
     cache is keyed by the CPU's features, so each machine compiles the path it can run."""
-    from .cpu import host_features
+    from .target import has
 
-    return "avx512bf16" in host_features()
+    return has("avx512bf16")
 
 
 def load_bf16_chunk(builder, ptr, i):
@@ -329,7 +329,7 @@ def round_bf16_chunk(builder, ptr, i):
 
 
 def round_bf16_plain(builder, v):
-    """16 float32 to bfloat16 bits (16 x i16), as kernels.quant.bf16_bits rounds one."""
+    """16 float32 to bfloat16 bits (16 x i16), as kernels.quantize.bf16_bits rounds one."""
     i32v = lambda c: ir.Constant(I32_VEC, [c] * LANES)
     bits = builder.bitcast(v, I32_VEC)
     upper = builder.lshr(bits, i32v(16))

@@ -1,12 +1,14 @@
-"""Weight precisions: float32, bfloat16 (kept as uint16 bit patterns) and int8 in symmetric blocks
-of 32 along the input dimension with one float16 scale each (uint16 bits), as llama.cpp's Q8_0:
-34 bytes per 32 weights. Every weight q * scale is exact in float32 (8 + 11 significant bits).
-And GGUF block formats as stored (kernels.blocks): uint8 rows of raw blocks, whose `s` is a
-(1, 1) array holding the ggml type (block_format).
+"""Converting weights at load, and reading dense ones back as float32.
 
-Here: converting and quantizing weights at load (to_bf16, quantize_int8), reading one weight or
-row as float32 (weight_at, row_get, gather_rows, dequantize), and how much of a row the vector
-products cover (chunked_len). The products themselves are in weight_products.
+The dense formats (kernels.formats): float32, bfloat16 (kept as uint16 bit patterns) and int8 in
+symmetric blocks of 32 along the input dimension with one float16 scale each (uint16 bits, kept
+beside the rows), as llama.cpp's Q8_0: 34 bytes per 32 weights. Every weight q * scale is exact
+in float32 (8 + 11 significant bits).
+
+Here: converting and quantizing weights at load (to_bf16, quantize_int8, quantize_q4_0,
+quantize_q8_0, split_q8_0), reading one dense weight or row as float32 (weight_at, row_get), and
+how much of a row the vector products cover (chunked_len). The products themselves are in
+row_products; GGUF blocks are read by kernels.gguf_blocks.
 """
 
 import numpy as np
@@ -14,13 +16,12 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .blocks import FORMATS, Q4_0, Q8_0, block_row_get
-from .row_groups import grouped_row_get, is_grouped
-from .ir_blocks import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
+from .gguf_blocks import FORMATS, Q4_0, Q8_0
+from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def bf16_bits(v):
     """float32 -> bfloat16 bits, nearest-even as torch and vcvtne2ps2bf16 round; NaN stays NaN."""
     bits = f32_as_bits(v)
@@ -41,16 +42,6 @@ def _chunked_len(w, K):
         return lambda w, K: K
     chunk = {types.uint16: BF16_CHUNK, types.int8: QBLOCK}.get(w.dtype, LANES)
     return lambda w, K: K - K % chunk
-
-
-def block_format(s):
-    """The ggml type of a block-format matrix, from its `s` (a (1, 1) array)."""
-    raise NotImplementedError
-
-
-@overload(block_format, inline="always")
-def _block_format(s):
-    return lambda s: np.int64(s[0, 0])
 
 
 @intrinsic
@@ -81,7 +72,7 @@ def weight_at(w, s, n, k):
     raise NotImplementedError
 
 
-@overload(weight_at, jit_options={"fastmath": EXACT_MATH}, inline="always")
+@overload(weight_at, jit_options={"fastmath": EXACT_MATH})
 def _weight_at(w, s, n, k):
     if w.dtype == types.float32:
         return lambda w, s, n, k: w[n, k]
@@ -92,21 +83,12 @@ def _weight_at(w, s, n, k):
 
 
 def row_get(w, s, n, out):
-    """out[:] = w[n, :] as float32 (an embedding row, or a row dequantized for a test)."""
+    """out[:] = w[n, :] as float32 for a dense precision (an embedding row, or a row for a test)."""
     raise NotImplementedError
 
 
 @overload(row_get, jit_options={"fastmath": EXACT_MATH})
 def _row_get(w, s, n, out):
-    if w.dtype == types.uint8:
-        def blocks(w, s, n, out):
-            if is_grouped(block_format(s)):
-                grouped_row_get(block_format(s), w, n, out)
-            else:
-                block_row_get(block_format(s), w, n, out)
-
-        return blocks
-
     def get(w, s, n, out):
         for k in range(w.shape[1]):
             out[k] = weight_at(w, s, n, k)
@@ -131,13 +113,13 @@ F16_MAX = 65504.0
 INT8_MAX_WEIGHT = F16_MAX * 127 / 2  # so every candidate scale (up to 2 amax / 127) is finite
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _as_f16(scale):
     """A candidate scale as the float16 it will be stored as (never 0 for a nonzero block)."""
     return max(F16_TINY, f16_value(f16_bits(scale)))
 
 
-@njit(fastmath=REDUCE_MATH, cache=True, inline="always")  # called ~50 times per block: no call overhead
+@njit(fastmath=REDUCE_MATH, cache=True)  # called ~50 times per block: no call overhead
 def _block_sse(w, n, k0, k1, scale):
     """Squared error of one block rounded to the int8 grid of `scale`."""
     inv = np.float32(1.0) / scale
@@ -208,21 +190,6 @@ def quantize_int8(q, s, w):
             inv = np.float32(1.0) / best if best > 0 else np.float32(0.0)
             for k in range(k0, k1):
                 q[n, k] = np.int8(min(np.float32(127.0), max(np.float32(-127.0), np.rint(w[n, k] * inv))))
-
-
-@kernel()
-def gather_rows(out, w, s, ids):
-    """out[t] = w[ids[t]] as float32: the embedding lookup.  out: (T, K)."""
-    for t in prange(ids.shape[0]):
-        row_get(w, s, ids[t], out[t])
-
-
-@kernel()
-def dequantize(out, w, s):
-    """Any precision (N, K) back to float32: the reference for tests."""
-    N, K = w.shape
-    for n in prange(N):
-        row_get(w, s, n, out[n])
 
 
 Q4_0_BYTES = FORMATS[Q4_0][1]  # per block of 32: a float16 scale, 16 bytes of 4-bit levels

@@ -32,9 +32,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal, _prefetch_offsets
-from .cpu import host_features
-from .ir_blocks import (F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch,
+from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal, _prefetch_offsets
+from .target import has
+from .vector_ir import (F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch,
                         quantized_block, splat)
 from .jit import EXACT_MATH, kernel
 
@@ -103,7 +103,7 @@ def _f16_at(typingctx, arr, i):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_in_group(w, n):
     """Where row n of grouped weights w (N, bytes per row) lives: (w's bytes flat, the start of
     its group of 16, its place r in the group; its bytes interleave with the 15 others')."""
@@ -112,7 +112,7 @@ def _row_in_group(w, n):
     return w.reshape(N * row_bytes), g * GROUP * row_bytes, r
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
     flat, base, r = _row_in_group(w, n)
@@ -183,19 +183,56 @@ def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
 # ---------------------------------------------------------------- products
 
 
-def _dpbusd(b, acc, u, s, native=None):
-    """acc (16 x i32) + the sums of 4 products u * s (64 x i8: u unsigned, s signed) per lane:
-    vpdpbusd with AVX-512 VNNI (native None: when this CPU has it), else the same exact integer
-    sums in plain vectors."""
-    if native is None:
-        native = "avx512vnni" in host_features()
-    if native:
+def summing_way() -> str:
+    """How this target sums bytes: "vnni" (vpdpbusd, AVX-512 VNNI), "avx2" (vpmaddubsw then
+    vpmaddwd) or "plain" (widened vectors, any CPU). Every way gives the same exact integer sums."""
+    return "vnni" if has("avx512vnni") else "avx2" if has("avx2") else "plain"
+
+
+def _dpbusd(b, acc, u, s, way=None, wide_levels=False):
+    """acc (16 x i32) + the sums of 4 products u * s (64 x i8: u unsigned, s signed) per lane.
+
+    vpdpbusd with AVX-512 VNNI. With AVX2, vpmaddubsw sums pairs into int16 and vpmaddwd pairs of
+    those into int32, per 32-byte half: exact while a pair stays within int16, which levels below
+    128 guarantee (2 * 127 * 128 < 32768; Q4's are below 16, Q6_K's below 64). Levels up to 255
+    (Q8_0 stored + 128, wide_levels) are summed as their low 7 bits plus 128 times their top bit.
+    Otherwise the products in widened plain vectors."""
+    way = way or summing_way()
+    if way == "vnni":
         fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32_VEC, [I32_VEC, BYTES64, BYTES64]), "llvm.x86.avx512.vpdpbusd.512")
         return b.call(fn, [acc, u, s])
+    if way == "avx2":
+        return b.add(acc, _pair_sums_avx2(b, u, s, wide_levels))
     wide = ir.VectorType(I32, 64)
     p = b.mul(b.zext(u, wide), b.sext(s, wide))
     quarter = lambda k: b.shuffle_vector(p, p, ir.Constant(I32_VEC, list(range(k, 64, 4))))
     return b.add(acc, b.add(b.add(quarter(0), quarter(1)), b.add(quarter(2), quarter(3))))
+
+
+BYTES32 = ir.VectorType(I8, 32)
+I16x16 = ir.VectorType(ir.IntType(16), 16)
+I32x8 = ir.VectorType(I32, 8)
+
+
+def _pair_sums_avx2(b, u, s, wide_levels):
+    """vpdpbusd's 16 lanes of 4-product sums (without an accumulator), from AVX2's byte and word
+    pair sums, half by half."""
+    maddubs = cgutils.get_or_insert_function(b.module, ir.FunctionType(I16x16, [BYTES32, BYTES32]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32x8, [I16x16, I16x16]), "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(I16x16, [1] * 16)
+    halves = []
+    for h in (0, 32):
+        pick = ir.Constant(ir.VectorType(I32, 32), list(range(h, h + 32)))
+        uh, sh = b.shuffle_vector(u, u, pick), b.shuffle_vector(s, s, pick)
+        if wide_levels:
+            low = b.and_(uh, ir.Constant(BYTES32, [127] * 32))
+            top = b.lshr(uh, ir.Constant(BYTES32, [7] * 32))
+            sums = b.add(b.call(maddwd, [b.call(maddubs, [low, sh]), ones]),
+                         b.call(maddwd, [b.call(maddubs, [top, sh]), ir.Constant(I16x16, [128] * 16)]))
+        else:
+            sums = b.call(maddwd, [b.call(maddubs, [uh, sh]), ones])
+        halves.append(sums)
+    return b.shuffle_vector(halves[0], halves[1], ir.Constant(I32_VEC, list(range(16))))
 
 
 def _word_at(b, p, i):
@@ -285,11 +322,11 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
 CHAINS = 2
 
 
-def _exact_sums(b, token, e, parts, corr=None):
+def _exact_sums(b, token, e, parts, corr=None, wide_levels=False):
     """The exact integer sums, per row lane, of levels times a token's int16 activations: parts
     are (64 x u8 levels, offset from e of their first weight), each level lane meeting the 4
     activations from there; the high bytes' sums shifted by 8 onto the low bytes' (which start
-    at corr, an i32, or 0)."""
+    at corr, an i32, or 0). wide_levels: levels may reach 255 (_dpbusd)."""
     plo, phi, _ = token
     zero = ir.Constant(I32_VEC, [0] * LANES)
     sums = []
@@ -299,7 +336,7 @@ def _exact_sums(b, token, e, parts, corr=None):
             v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
             chains[0] = b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
         for i, (levels, off) in enumerate(parts):
-            chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))))
+            chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=wide_levels)
         total = chains[0]
         for chain in chains[1:]:
             total = b.add(total, chain)
@@ -338,7 +375,7 @@ def _block_step(offset, parts_of):
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], k)
             corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-offset))
-            exact = _exact_sums(b, token, e, parts, corr)
+            exact = _exact_sums(b, token, e, parts, corr, wide_levels=offset >= 128)
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
         return totals
 
@@ -379,7 +416,7 @@ def group_q8_0(out, w):
     out.reshape(G, nb, Q8_0_GROUP_BYTES)[:] = np.concatenate([d, levels], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
     flat, base, r = _row_in_group(w, n)
@@ -440,7 +477,7 @@ def group_q6_k(out, w):
     out.reshape(G, sb, Q6_K_GROUP_BYTES)[:] = np.concatenate([ds, sc, words], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
     flat, base, r = _row_in_group(w, n)
@@ -460,25 +497,34 @@ def q6_r16_row_get(w, n, out):
 
 def _q6_step(b, bp, k, tokens, totals):
     """One super-block of 256 for the 16 rows: per sub-block of 16, levels q + 32 (the sums
-    subtract 32 sum(x16)), scaled by d * its scale * the activations' block scale."""
+    subtract 32 sum(x16)), scaled by d * its scale * the activations' block scale. The sub-blocks
+    are a loop, not 16 copies: the same instructions each, and a sixteenth of the code for LLVM
+    to compile (a first run's Q6_K kernels 13 -> .. s on AVX2)."""
     if len(tokens) < STREAMED_TILE:  # wider tiles ask for every line (_group_tile)
         prefetch(b, b.gep(bp, [I64(Q6_K_PREFETCH)], source_etype=I8))
     d = _row_halves(b, bp, 0)
     c = lambda v: ir.Constant(BYTES64, [v] * 64)
-    for sub in range(16):
-        sc = b.load(b.bitcast(b.gep(bp, [I64(32 + 16 * sub)], source_etype=I8), ir.VectorType(I8, LANES).as_pointer()), align=1)
+
+    def sub_block(sub, totals):
+        sc = b.load(b.bitcast(b.gep(bp, [b.add(I64(32), b.mul(sub, I64(16)))], source_etype=I8), ir.VectorType(I8, LANES).as_pointer()), align=1)
         row_scale = b.fmul(d, b.sitofp(b.sext(sc, I32_VEC), VEC))  # exact: 11 x 8 bits
-        wa, wb, wc = (_word64(b, bp, Q6_K_WORDS_AT + 192 * sub + 64 * x) for x in range(3))
+        words = b.gep(bp, [b.add(I64(Q6_K_WORDS_AT), b.mul(sub, I64(192)))], source_etype=I8)
+        wa, wb, wc = (_word64(b, words, 64 * x) for x in range(3))
         low = [b.and_(wa, c(15)), b.lshr(wa, c(4)), b.and_(wb, c(15)), b.lshr(wb, c(4))]
         high = [b.and_(b.shl(wc, c(4)), c(0x30)), b.and_(b.shl(wc, c(2)), c(0x30)), b.and_(wc, c(0x30)), b.and_(b.lshr(wc, c(2)), c(0x30))]
         parts = [(b.or_(lv, hv), 4 * i) for i, (lv, hv) in enumerate(zip(low, high))]
-        e = b.add(b.mul(k, I64(256)), I64(16 * sub))
-        block = b.add(b.mul(k, I64(8)), I64(sub // 2))
+        e = b.add(b.mul(k, I64(256)), b.mul(sub, I64(16)))
+        block = b.add(b.mul(k, I64(8)), b.lshr(sub, I64(1)))
+        half = b.trunc(b.and_(sub, I64(1)), I32)  # which sum of 16 of the activations' block
+        totals = list(totals)
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
-            exact = _exact_sums(b, token, e, parts, b.mul(_word_at(b, pw, 1 + sub % 2), I32(-32)))
+            x_sum = b.load(b.bitcast(b.gep(pw, [b.zext(b.add(half, I32(1)), I64)], source_etype=F32), I32.as_pointer()), align=4)
+            exact = _exact_sums(b, token, e, parts, b.mul(x_sum, I32(-32)))
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(row_scale, splat(b, b.load(pw, align=4))), totals[j])
-    return totals
+        return totals
+
+    return loop(b, I64(0), I64(16), 1, totals, sub_block)
 
 
 q6_r16_tile = _group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of group g . G tokens (_group_tile).")
@@ -531,7 +577,7 @@ def group_q4_k(out, w):
     out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
+@njit(fastmath=EXACT_MATH, cache=True)
 def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
     flat, base, r = _row_in_group(w, n)
@@ -559,27 +605,32 @@ def qk_r16_row_get(w, n, out):
 def _qk_step(b, bp, k, tokens, totals):
     """One super-block of 256 for the 16 rows: per sub-block of 32, total = fma(float(sum of
     level x16), d * scale * activation scale, total), then fma(float(sum of x16), -(dmin *
-    minimum * activation scale), total)."""
+    minimum * activation scale), total). The sub-blocks are a loop, not 8 copies (see _q6_step)."""
     d, dmin = _row_halves(b, bp, 0), _row_halves(b, bp, 32)
     u8x16 = ir.VectorType(I8, LANES)
-    plane = [b.load(b.bitcast(b.gep(bp, [I64(Q4_K_PLANES_AT + 16 * j)], source_etype=I8), u8x16.as_pointer()), align=1) for j in range(12)]
+    plane = lambda j: b.load(b.bitcast(b.gep(bp, [b.add(I64(Q4_K_PLANES_AT), b.mul(j, I64(16)))], source_etype=I8), u8x16.as_pointer()), align=1)
     c = lambda v: ir.Constant(u8x16, [v] * LANES)
     high2 = lambda v: b.shl(b.lshr(v, c(6)), c(4))  # a scale's top two bits, in place
     as_f32 = lambda v: b.uitofp(b.zext(v, I32_VEC), VEC)
-    for sub in range(8):
-        if sub < 4:  # get_scale_min_k4, 16 rows at once
-            sc, mn = b.and_(plane[sub], c(63)), b.and_(plane[4 + sub], c(63))
-        else:
-            low = plane[8 + sub - 4]
-            sc = b.or_(b.and_(low, c(15)), high2(plane[sub - 4]))
-            mn = b.or_(b.lshr(low, c(4)), high2(plane[sub]))
+
+    def sub_block(sub, totals):
+        # get_scale_min_k4, 16 rows at once: sub < 4 reads planes sub and 4 + sub; the others
+        # plane 4 + sub's halves with two bits from planes sub - 4 and sub
+        first = b.icmp_signed("<", sub, I64(4))
+        top = plane(b.add(sub, I64(4)))
+        below = plane(b.select(first, sub, b.sub(sub, I64(4))))
+        own = plane(sub)
+        sc = b.select(first, b.and_(below, c(63)), b.or_(b.and_(top, c(15)), high2(below)))
+        mn = b.select(first, b.and_(top, c(63)), b.or_(b.lshr(top, c(4)), high2(own)))
         ds, dm = b.fmul(d, as_f32(sc)), b.fmul(dmin, as_f32(mn))  # exact: 11 x 6 bits
+        words = b.gep(bp, [b.add(I64(Q4_K_WORDS_AT), b.mul(sub, I64(256)))], source_etype=I8)
         parts = []
         for o in range(4):
-            low, high = _nibbles(b, _word64(b, bp, Q4_K_WORDS_AT + 256 * sub + 64 * o))
+            low, high = _nibbles(b, _word64(b, words, 64 * o))
             parts += [(low, 4 * o), (high, 16 + 4 * o)]
-        e = b.add(b.mul(k, I64(256)), I64(32 * sub))
-        block = b.add(b.mul(k, I64(8)), I64(sub))
+        e = b.add(b.mul(k, I64(256)), b.mul(sub, I64(32)))
+        block = b.add(b.mul(k, I64(8)), sub)
+        totals = list(totals)
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
             exact = _exact_sums(b, token, e, parts)
@@ -587,82 +638,62 @@ def _qk_step(b, bp, k, tokens, totals):
             x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
             total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])
             totals[j] = fma_vec(b, splat(b, x_sum), b.fneg(b.fmul(dm, da)), total)
-    return totals
+        return totals
+
+    return loop(b, I64(0), I64(8), 1, totals, sub_block)
 
 
 qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile).")
 
 
-# ---------------------------------------------------------------- either layout, by `s`
+# ---------------------------------------------------------------- each layout, by its code
+
+TILES = {Q4_0_R16: q4_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile}
+ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get}
 
 
-def _grouped_tile(fmt, out, col, w, g, xo, xs, t, G):
-    """The tile of grouped layout fmt for G tokens (G a compile-time constant)."""
+def grouped_rows(fmt, out, col, w, g, xo, xs):
+    """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout's code, a
+    compile-time constant) and every token of xo: tiles of 8 tokens, then 4 (each step's levels
+    unpacked once for them), then one at a time. Eight over two fours: a decode step of 8
+    sequences on the default model's Q4_0 file 15.6 -> 14.85 ms (4 rounds, alternating); prefill
+    512 level within noise (946 vs 931 tok/s, medians of 4)."""
     raise NotImplementedError
 
 
-@overload(_grouped_tile, prefer_literal=True, jit_options={"fastmath": EXACT_MATH}, inline="always")
-def _grouped_tile_impl(fmt, out, col, w, g, xo, xs, t, G):
-    n = _literal(G)
-    if not n:
+@overload(grouped_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
+def _grouped_rows(fmt, out, col, w, g, xo, xs):
+    tile = TILES.get(_literal(fmt))
+    if tile is None:
         return None
 
-    def tile(fmt, out, col, w, g, xo, xs, t, G):
-        if fmt == Q4_0_R16:
-            q4_r16_tile(out, col, w, g, xo, xs, t, n)
-        elif fmt == Q8_0_R16:
-            q8_r16_tile(out, col, w, g, xo, xs, t, n)
-        elif fmt == Q4_K_R16:
-            qk_r16_tile(out, col, w, g, xo, xs, t, n)
-        else:
-            q6_r16_tile(out, col, w, g, xo, xs, t, n)
+    def rows(fmt, out, col, w, g, xo, xs):
+        T = xo.shape[0]
+        t = 0
+        # three loops, not literal_unroll over gguf_blocks.TOKEN_GROUPS as block_rows does: here
+        # that made a parallel loop around it serial (NumbaPerformanceWarning, several exits)
+        while t + 8 <= T:
+            tile(out, col, w, g, xo, xs, t, 8)
+            t += 8
+        while t + 4 <= T:
+            tile(out, col, w, g, xo, xs, t, 4)
+            t += 4
+        while t < T:
+            tile(out, col, w, g, xo, xs, t, 1)
+            t += 1
 
-    return tile
-
-
-@njit(fastmath=EXACT_MATH, cache=True, inline="always")
-def grouped_rows(fmt, out, col, w, g, xo, xs):
-    """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout) and every
-    token of xo: tiles of 8 tokens, then 4 (each step's levels unpacked once for them), then one
-    at a time. Eight over two fours: a decode step of 8 sequences on the default model's Q4_0
-    file 15.6 -> 14.85 ms (4 rounds, alternating); prefill 512 level within noise (946 vs 931
-    tok/s, medians of 4)."""
-    T = xo.shape[0]
-    t = 0
-    # three loops, not literal_unroll over blocks.TOKEN_GROUPS as block_rows does: here that
-    # turns grouped_matmul's prange into a serial loop (NumbaPerformanceWarning, several exits)
-    while t + 8 <= T:
-        _grouped_tile(fmt, out, col, w, g, xo, xs, t, 8)
-        t += 8
-    while t + 4 <= T:
-        _grouped_tile(fmt, out, col, w, g, xo, xs, t, 4)
-        t += 4
-    while t < T:
-        _grouped_tile(fmt, out, col, w, g, xo, xs, t, 1)
-        t += 1
+    return rows
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
 def grouped_row_get(fmt, w, n, out):
-    """out[:] = row n of grouped weights as float32, as gguf-py dequantizes the file's row."""
-    if fmt == Q4_0_R16:
-        q4_r16_row_get(w, n, out)
-    elif fmt == Q8_0_R16:
-        q8_r16_row_get(w, n, out)
-    elif fmt == Q4_K_R16:
-        qk_r16_row_get(w, n, out)
-    else:
-        q6_r16_row_get(w, n, out)
+    """out[:] = row n of grouped weights as float32, as gguf-py dequantizes the file's row (fmt:
+    the layout's code, a compile-time constant)."""
+    raise NotImplementedError
 
 
-@kernel(fastmath=EXACT_MATH)
-def grouped_matmul(out, x, w, fmt):
-    """x (T, K) @ W (N, K).T for grouped weights: x quantized once (quantize_split), then each
-    group of 16 rows against every token."""
-    T, K = x.shape
-    xo = np.empty((T, K), np.int16)
-    xs = np.empty((T, PER_BLOCK * (K // QBLOCK)), np.float32)
-    for b in prange(T):
-        quantize_split(xo, xs, x, b)
-    for g in prange(w.shape[0] // GROUP):
-        grouped_rows(fmt, out, 0, w, g, xo, xs)
+@overload(grouped_row_get, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
+def _grouped_row_get(fmt, w, n, out):
+    getter = ROW_GETTERS.get(_literal(fmt))
+    if getter is None:
+        return None
+    return lambda fmt, w, n, out: getter(w, n, out)

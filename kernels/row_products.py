@@ -10,21 +10,21 @@ products 2i and 2i+1 of every chunk, in two accumulators, even chunks and odd ch
 lane before the same tree. One chain of vdpbf16ps waits on its latency: a core streamed a row of
 2048 at 22 GB/s with one accumulator, 30 with two; several rows side by side did worse (15-19),
 their 4 KiB rows sharing L1 sets. int8 rows meet activations quantized to int16 per block of 32
-(activation_prep.quantize_blocks), a block at a time (ir_blocks.int8_block_term).
+(activation_operands.quantize_blocks), a block at a time (vector_ir.int8_block_term).
 """
 
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from .activation_prep import activation, chunk_operand
-from .ir_blocks import (
+from .activation_operands import activation, chunk_operand
+from .vector_ir import (
     BF16_ACCS, BF16_CHUNK, F32, I16, I32, I32_VEC, I64, LANES, LINE_BYTES, PREFETCH_BYTES, QBLOCK, VEC, as_i64, data_ptr, dpbf16,
     fma_acc, int8_block_term, int8_pairs_term, int8_values, int16_values, load_bf16_chunk, load_f32, load_int8_block,
     load_int16_block, loop, prefetch, reduce_tree, round_bf16_chunk, splat, tile_4x4,
 )
 from .jit import EXACT_MATH
-from .quant import chunked_len, weight_at
+from .quantize import chunked_len, weight_at
 
 
 class _WeightRow:
@@ -130,8 +130,8 @@ def _operand_types_ok(w, x, xs):
 @intrinsic
 def weight_dot_chunks(typingctx, w, s, n, x, xs):
     """Fixed-order dot of weight row n (f32 / bf16 bits / int8 + scales) with the activations x,
-    over the row's full chunks (kernels.quant.chunked_len). x: float32; against bfloat16 rows
-    also pre-rounded bfloat16 bits (kernels.quant.prepare_operand: the same products, fewer
+    over the row's full chunks (kernels.quantize.chunked_len). x: float32; against bfloat16 rows
+    also pre-rounded bfloat16 bits (kernels.quantize.prepare_operand: the same products, fewer
     instructions); against int8 rows int16 quantized per block, with xs their float32 block
     scales (ignored otherwise)."""
     if not _operand_types_ok(w, x, xs):
@@ -285,7 +285,7 @@ def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
 
 
 def row_dot(w, s, n, x, xo, xs):
-    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.ir_blocks:
+    """dot(w[n, :], x) in float32 for any weight precision, in the fixed order of kernels.vector_ir:
     the full chunks from chunk_operand(w, x, xo) (xo, xs: row b of prepare_operand's buffers),
     then the tail of x in sequence."""
     raise NotImplementedError

@@ -1,0 +1,155 @@
+"""Weight formats: the one table of how a matrix is stored and how activations meet it.
+
+Every weight matrix carries one of these after load (minillm.loading.checkpoint.Linear.format),
+and nothing downstream asks its dtype or layout again: the loaders convert and regroup by the
+table, the forward pass calls each matrix's own compiled kernels (`kernels_for`), the CLI's
+`--dtype` choices and the docs' table are read from it. Adding a format is adding a row here and
+its products in kernels.matmul.
+
+    name      stored as (element, block)            activations meet it as (Operand)
+    F32       float32 rows                          float32, FMAs
+    BF16      bfloat16 bits (uint16) rows           rounded to bfloat16, pairs of products
+    I8        int8 rows + a float16 scale per 32    int16 per block of 32, vpmaddwd
+    Q4_0..Q6_K  GGUF blocks as stored (uint8 rows)  float32: each block dequantized in registers
+    *_R16     those blocks regrouped by 16 rows     int16 split into bytes: integer dot products
+
+Each compiled kernel has one C signature whatever the format (weights come as their raw bytes),
+and the forward pass calls it through its address: a format's code is compiled only when a model
+needs it, in its own small module, once per machine (Numba's disk cache), and the forward pass is
+the same compiled code for every model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import lru_cache
+
+import numpy as np
+from numba import types
+
+
+class Operand(IntEnum):
+    """How activations meet a format's rows, prepared once per vector (kernels.activation_operands)."""
+
+    FLOAT32 = 0  # as they are
+    BFLOAT16 = 1  # rounded to bfloat16 bits
+    INT16 = 2  # quantized to int16 per block of 32 (scale = the block's largest magnitude / 32767)
+    SPLIT_BYTES = 3  # int16 per block of 32 (largest / 32639), each split into a high and a low byte
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str
+    code: int  # the kernels' number for it: the ggml type for GGUF's own formats
+    element: type  # dtype of the stored array: float32, uint16 (bfloat16 bits), int8, uint8 (raw blocks)
+    block: int  # weights per block; rows are whole blocks (1: any length)
+    block_bytes: int  # bytes per block in the stored rows
+    operand: Operand
+    summary: str
+    ggml_type: int | None = None  # its number in GGUF files
+    scales_beside: bool = False  # a float16 scale per block of 32 kept beside the rows (Linear.scales)
+    grouped: str | None = None  # the 16-row layout it is regrouped into at load, when rows allow
+    group_of: str | None = None  # for a grouped layout: the format it regroups
+
+    @property
+    def is_gguf_blocks(self) -> bool:
+        """Rows of raw blocks (uint8), as a GGUF file stores them or regrouped."""
+        return self.element is np.uint8
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of one stored row of k weights."""
+        return k // self.block * self.block_bytes
+
+    def bits_per_weight(self) -> float:
+        extra = 16 / 32 if self.scales_beside else 0
+        return 8 * self.block_bytes / self.block + extra
+
+
+GROUP_ROWS = 16  # rows of a grouped layout (kernels.integer_products)
+
+_F = Operand.FLOAT32
+FORMATS = (
+    WeightFormat("F32", 0, np.float32, 1, 4, _F, "float32: exact, transformers' logits", ggml_type=0),
+    WeightFormat("BF16", 30, np.uint16, 1, 2, Operand.BFLOAT16, "bfloat16: half the bytes; activations rounded to bfloat16", ggml_type=30),
+    WeightFormat("I8", 1100, np.int8, 1, 1, Operand.INT16, "int8 per block of 32 with a float16 scale, the error-minimising scale searched at load",
+                 scales_beside=True),
+    WeightFormat("F16", 1, np.uint8, 32, 64, _F, "GGUF float16 rows, widened in registers", ggml_type=1),
+    WeightFormat("Q4_0", 2, np.uint8, 32, 18, _F, "GGUF 4-bit blocks, a float16 scale", ggml_type=2, grouped="Q4_0_R16"),
+    WeightFormat("Q4_1", 3, np.uint8, 32, 20, _F, "GGUF 4-bit blocks, a float16 scale and minimum", ggml_type=3),
+    WeightFormat("Q5_0", 6, np.uint8, 32, 22, _F, "GGUF 5-bit blocks, a float16 scale", ggml_type=6),
+    WeightFormat("Q5_1", 7, np.uint8, 32, 24, _F, "GGUF 5-bit blocks, a float16 scale and minimum", ggml_type=7),
+    WeightFormat("Q8_0", 8, np.uint8, 32, 34, _F, "GGUF 8-bit blocks, a float16 scale", ggml_type=8, grouped="Q8_0_R16"),
+    WeightFormat("Q4_K", 12, np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, grouped="Q4_K_R16"),
+    WeightFormat("Q5_K", 13, np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
+    WeightFormat("Q6_K", 14, np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, grouped="Q6_K_R16"),
+    WeightFormat("Q4_0_R16", 1002, np.uint8, 32, 18, Operand.SPLIT_BYTES, "Q4_0 regrouped by 16 rows: integer dot products", group_of="Q4_0"),
+    WeightFormat("Q8_0_R16", 1008, np.uint8, 32, 34, Operand.SPLIT_BYTES, "Q8_0 regrouped by 16 rows: integer dot products", group_of="Q8_0"),
+    WeightFormat("Q4_K_R16", 1012, np.uint8, 256, 144, Operand.SPLIT_BYTES, "Q4_K regrouped by 16 rows: integer dot products", group_of="Q4_K"),
+    WeightFormat("Q6_K_R16", 1014, np.uint8, 256, 210, Operand.SPLIT_BYTES, "Q6_K regrouped by 16 rows: integer dot products", group_of="Q6_K"),
+)
+BY_NAME = {f.name: f for f in FORMATS}
+BY_CODE = {f.code: f for f in FORMATS}
+BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS if f.ggml_type is not None}
+F32, BF16, I8 = BY_NAME["F32"], BY_NAME["BF16"], BY_NAME["I8"]
+
+# What `--dtype` converts a checkpoint's weights to at load (minillm.loading.checkpoint), and the
+# format each gives a matrix; "gguf" runs a GGUF file's tensors as stored.
+LOAD_DTYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "I8", "q4_0": "Q4_0"}
+AS_STORED = "gguf"
+DTYPE_CHOICES = (*LOAD_DTYPES, AS_STORED)
+
+
+def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:
+    """The format a matrix of `rows` rows runs as: its grouped layout when the rows are whole
+    groups of 16, else itself. (A Q8_0 matrix that cannot be grouped is split to I8 by the loader:
+    the same weights, on vpmaddwd.)"""
+    if fmt.grouped and rows % GROUP_ROWS == 0:
+        return BY_NAME[fmt.grouped]
+    return fmt
+
+
+# ---------------------------------------------------------------- each format's compiled kernels
+
+# One C signature per kind of kernel, whatever the format:
+#   linear(out, col, w, scales, x, xo, xs, scratch, claims, t): thread t's share of
+#       out[:, col:col + N] = x @ W.T, tasks of 16 rows claimed from claims (kernels.work_sharing)
+#   row(out, w, scales, n): out = row n of W as float32 (an embedding lookup)
+#   prepare(xo, xs, x, r0, r1): rows r0..r1-1 of x as the format's operand
+F32_2D, U8_2D, U16_2D, I64_2D = (types.Array(t, 2, "C") for t in (types.float32, types.uint8, types.uint16, types.int64))
+F32_1D = types.Array(types.float32, 1, "C")
+LINEAR_SIGNATURE = types.void(F32_2D, types.int64, U8_2D, U16_2D, F32_2D, U16_2D, F32_2D, F32_1D, I64_2D, types.int64)
+ROW_SIGNATURE = types.void(F32_1D, U8_2D, U16_2D, types.int64)
+PREPARE_SIGNATURE = types.void(U16_2D, F32_2D, F32_2D, types.int64, types.int64)
+
+
+@dataclass(frozen=True)
+class FormatKernels:
+    linear: object  # numba CFunc; .address is what the forward pass calls
+    row: object
+
+
+@lru_cache(maxsize=None)
+def kernels_for(fmt: WeightFormat) -> FormatKernels:
+    """The compiled linear and row kernels of one format (compiled the first time on a machine,
+    then loaded from Numba's cache)."""
+    from .matmul import make_linear, make_row
+
+    return FormatKernels(make_linear(fmt), make_row(fmt))
+
+
+@lru_cache(maxsize=None)
+def prepare_for(operand: Operand):
+    """The compiled kernel preparing activations as `operand` (None for FLOAT32: nothing to do)."""
+    from .activation_operands import make_prepare
+
+    return None if operand == Operand.FLOAT32 else make_prepare(operand)
+
+
+def markdown_table() -> str:
+    """The docs' table of formats (docs/performance.md)."""
+    lines = ["| format | stored as | bits per weight | activations meet it as | what |", "|---|---|---|---|---|"]
+    for f in FORMATS:
+        stored = {np.float32: "float32", np.uint16: "bfloat16 bits", np.int8: "int8 + float16 scales"}.get(f.element, f"blocks of {f.block}")
+        lines.append(f"| {f.name} | {stored} | {f.bits_per_weight():.3g} | {f.operand.name.lower().replace('_', ' ')} | {f.summary} |")
+    return "\n".join(lines)

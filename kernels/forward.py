@@ -1,0 +1,523 @@
+"""The forward pass: the layer sequence, defined once, over a batch of rows, in one Numba call.
+
+A row is one token of one sequence at one position. Decode is one row per sequence; a prefill
+chunk is many rows of one sequence at consecutive positions; a step may hold both. Every sum has
+one fixed order whatever else is in the batch (kernels.vector_ir), so a row's logits are the same
+bits however it arrives: decode == batched decode == prefill.
+
+Shapes: T rows, G of them wanting logits, H hidden, I intermediate, V vocab, L layers, nh/nkv
+query/KV heads, hd head dim, ctx the cache's positions.
+
+    x = embed[tokens] * embed_scale                                   (T, H)
+    for each layer l:
+        h = x + out_norm(o(attention(rope(qk_norm(qkv(norm(x)))))))      GQA, KV cache, window, soft cap
+        x = h + out_norm(down(act(gate(norm(h))) * up(norm(h))))         SiLU or GELU-tanh
+    logits = cap(lm_head(final_norm(x[logit_rows])))                  (G, V)
+
+Each norm, bias, q/k norm, RoPE table, window and cap is where the architecture has it (an
+(L, 0) norm or bias is none; rope_table -1 is no RoPE; window 0 is every earlier key; cap 0 is
+none), so nine architectures are parameters of this one sequence.
+
+Every weight matrix is multiplied by its own format's compiled kernel, called by address
+(kernels.formats), in parallel regions of 16-row tasks shared among the threads
+(kernels.work_sharing); the other row operations run in place between them, over the rows in
+parallel for a prefill chunk and serially for a few decode rows (a parallel region costs more
+than their work there). Python calls once per step: at 135M parameters a decode step is a few
+milliseconds.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.imputils import impl_ret_borrowed
+from numba.extending import intrinsic
+
+from .activation_operands import call_prepare
+from .attention import QUERIES_PER_TASK, attend, attend_queries, first_key
+from .formats import Operand
+from .jit import EXACT_MATH, array_at, call_at, kernel, native_address, rows_view
+from .matmul import ROWS_PER_TASK, call_linear, call_row
+from .rmsnorm import rmsnorm_row
+from .rope import rope_row
+from .swiglu import gated_act, softcap_row
+from .work_sharing import claim, start_claims
+
+# The constants the forward pass passes to its helpers are NumPy integers: Numba types a Python
+# int constant as a literal and compiles a called function again for each value.
+_n = np.int64
+
+# A layer's matrices, by kind; matrix m of layer l is at MATRIX_KINDS * l + m in ModelWeights,
+# then the embedding and the LM head.
+Q, K, V, O, GATE, UP, DOWN = (_n(i) for i in range(7))
+MATRIX_KINDS = 7
+
+PARALLEL_ROWS = 16  # from this many rows on, the row operations run in parallel
+
+# ws.params while a step runs
+P_LAYER, P_ROWS, P_WHICH, P_COUNT, P_MATRIX = 0, 1, 2, 3, 4  # P_MATRIX.. P_MATRIX + 2: up to three matrices
+P_OUTPUT = 7
+ATTENTION_PART, MLP_PART = _n(0), _n(1)  # which sub-block a norm or residual step serves
+# what a linear step reads (P_WHICH) and writes (P_OUTPUT)
+FROM_XN, FROM_ATT, FROM_GATE = _n(0), _n(1), _n(2)
+TO_QKV, TO_PROJ, TO_GATE_UP, TO_LOGITS = _n(0), _n(1), _n(2), _n(3)
+ONE, TWO, THREE = _n(1), _n(2), _n(3)  # matrices read from one input
+ALWAYS = np.bool_(True)
+
+
+class Rows(NamedTuple):
+    """What one forward call runs and where its results go."""
+
+    tokens: np.ndarray  # (T,) int64
+    positions: np.ndarray  # (T,) int64: each row's position in its sequence
+    slots: np.ndarray  # (T,) int64: each row's sequence's slot in the KV pool
+    logit_rows: np.ndarray  # (G,) int64: the rows whose logits are wanted, in this order
+    logits: np.ndarray  # (G, V) float32, out
+    hidden: np.ndarray  # (L + 2, T, H) float32, out: after the embedding, each layer, the final norm; or (0, 0, 0)
+
+
+class ModelWeights(NamedTuple):
+    """The weights and architecture as the forward pass reads them (minillm's Model builds them
+    once at load). A matrix is its stored rows as bytes, whatever its format, with the addresses
+    of its format's kernels beside it."""
+
+    matrices: np.ndarray  # (M, 3) int64: each matrix's data address, rows, bytes per row (the arrays are
+    #   the loader's, kept alive by the model); layer l's kind m at MATRIX_KINDS * l + m, then embedding, LM head
+    scales: np.ndarray  # (M, 3) int64: the same for its float16 scales (I8: (N, K / 32)), or a (1, 1) array
+    linear: np.ndarray  # (M,) int64: the address of each matrix's linear kernel
+    row: np.ndarray  # (M,) int64: of its row kernel (the embedding's is read)
+    operand: np.ndarray  # (M,) int64: the Operand its activations are prepared as
+    prepare: np.ndarray  # (4,) int64: the address of each Operand's prepare kernel, 0 for none
+    steps: np.ndarray  # (len(STEPS) + 1,) int64: the addresses of the steps' kernels, then of the parallel region
+    attn_norm: np.ndarray  # (L, H) before attention, or (L, 0)
+    attn_out_norm: np.ndarray  # (L, H) on attention's output, or (L, 0)
+    mlp_norm: np.ndarray  # (L, H) before the MLP, or (L, 0)
+    mlp_out_norm: np.ndarray  # (L, H) on the MLP's output, or (L, 0)
+    q_norm: np.ndarray  # (L, hd) per head, (L, q_dim) over the projection, or (L, 0)
+    k_norm: np.ndarray  # (L, hd), (L, kv_dim) or (L, 0)
+    final_norm: np.ndarray  # (H,)
+    qkv_bias: np.ndarray  # (L, q_dim + 2 kv_dim) or (L, 0)
+    o_bias: np.ndarray  # (L, H) or (L, 0)
+    gate_up_bias: np.ndarray  # (L, 2 I) or (L, 0)
+    down_bias: np.ndarray  # (L, H) or (L, 0)
+    rope_table: np.ndarray  # (L,) int64: layer l's RoPE table in cos/sin, or -1 (no RoPE)
+    window: np.ndarray  # (L,) int64: layer l's sliding window, or 0 (every earlier key)
+    heads: int  # nh
+    eps: float  # RMSNorm's epsilon
+    embed_scale: float  # the embedding is multiplied by it (Gemma: sqrt(H); else 1)
+    attn_scale: float  # attention scores are multiplied by it
+    attn_softcap: float  # scores -> cap * tanh(scores / cap) when > 0
+    final_softcap: float  # logits -> cap * tanh(logits / cap) when > 0
+    gelu: bool  # the MLP's gate is GELU-tanh, not SiLU
+
+
+class Workspace(NamedTuple):
+    """Buffers for up to R rows, allocated once (minillm's Model), so a step allocates nothing."""
+
+    x: np.ndarray  # (R, H) the residual stream
+    xn: np.ndarray  # (R, H) a sub-block's normalised input; the logit rows' final norm
+    qkv: np.ndarray  # (R, q_dim + 2 kv_dim) q | k | v
+    att: np.ndarray  # (R, q_dim) attention's output
+    proj: np.ndarray  # (R, H) o / down projection before the residual add
+    gate: np.ndarray  # (R, I)
+    up: np.ndarray  # (R, I)
+    operands: np.ndarray  # (4, R * max K) uint16: activations prepared per Operand (flat; viewed (T, K))
+    operand_scales: np.ndarray  # (4, R * (3 max K / 32 + 1)) float32: their block scales
+    scratch: np.ndarray  # (threads, 8 max K) float32: a thread's panel or scale table (kernels.matmul)
+    scores: np.ndarray  # (threads * max(4, n_rep), ctx) float32: a thread's attention score rows
+    claims: np.ndarray  # (6, threads) int64: up to three matrices' task shares (kernels.work_sharing)
+    params: np.ndarray  # (8,) int64: the arguments of the step running (P_* below)
+    tasks: np.ndarray  # (R * nh + nh, 4) int64: attention tasks (first row, end row, first head, end head)
+
+
+# Their Numba types, fixed whatever the model (a format changes addresses, not types): the forward
+# pass and its steps compile once per machine. minillm's Model checks its values against them.
+_F1, _F2, _F3, _P5 = (types.Array(types.float32, n, "C") for n in (1, 2, 3, 5))
+_I1, _I2 = (types.Array(types.int64, n, "C") for n in (1, 2))
+ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3], Rows)
+MODEL_WEIGHTS_TYPE = types.NamedTuple(
+    [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
+     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.boolean], ModelWeights)
+WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2], Workspace)
+STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
+
+
+@intrinsic
+def _state_address(typingctx, state):
+    """The address of a copy of `state` in the caller's frame, for the steps it calls."""
+    if state != STATE_TYPE:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(cgutils.alloca_once_value(builder, args[0]), context.get_value_type(types.int64))
+
+    return types.int64(state), codegen
+
+
+@intrinsic
+def _state_at(typingctx, address):
+    """The state at `address` (_state_address), read without reference counting: the steps are
+    compiled without it (a step's share runs while the forward pass holds every array)."""
+
+    def codegen(context, builder, sig, args):
+        value = builder.load(builder.inttoptr(args[0], context.get_value_type(STATE_TYPE).as_pointer()))
+        return impl_ret_borrowed(context, builder, STATE_TYPE, value)  # counted where counting is on
+
+    return STATE_TYPE(types.int64), codegen
+
+
+@kernel(parallel=False, fastmath=EXACT_MATH)
+def forward(rows, w, ws, k_pool, v_pool, cos, sin):
+    """Every layer for the rows of `rows` (Rows), with weights w (ModelWeights) and buffers ws
+    (Workspace), into rows.logits. k_pool, v_pool: (slots, L, nkv, ctx, hd); each row's key and
+    value are written at its slot and position before any row attends. cos, sin: RoPE tables
+    (tables, ctx, hd / 2).
+
+    Each step below is a compiled kernel, called by address (see STEPS): over the threads, or on
+    this thread alone for the row operations of a few rows."""
+    state = _state_address((rows, w, ws, k_pool, v_pool, cos, sin))
+    T = rows.tokens.shape[0]
+    L = w.rope_table.shape[0]
+    x = ws.x[:T]
+    wide = T >= PARALLEL_ROWS  # the row operations run over the threads
+    embed = MATRIX_KINDS * L
+    for t in range(T):
+        call_row(w.row[embed], x[t], array_at(w.matrices, embed, np.uint8), array_at(w.scales, embed, np.uint16), rows.tokens[t])
+        for n in range(x.shape[1]):
+            x[t, n] *= np.float32(w.embed_scale)
+    capture = rows.hidden.shape[0] > 0
+    if capture:
+        rows.hidden[0, :T] = x
+    for l in range(L):
+        m = MATRIX_KINDS * l
+        ws.params[P_LAYER], ws.params[P_ROWS] = l, T
+        # h = x + out_norm(o(attention(rope(qk_norm(q, k, v(norm(x)))))))
+        _row_step(NORM, ATTENTION_PART, wide, w, ws, state)
+        _linear_step(FROM_XN, THREE, m + Q, m + K, m + V, TO_QKV, w, ws, state)
+        _row_step(QKV, ATTENTION_PART, wide, w, ws, state)
+        start_claims(ws.claims[0:2], _attention_tasks(ws.tasks, rows.positions, rows.slots, T, w.heads, k_pool.shape[2], ws.claims.shape[1]),
+                     ws.claims.shape[1])
+        _run(ATTENTION, ALWAYS, w, ws, state)
+        _linear_step(FROM_ATT, ONE, m + O, m + O, m + O, TO_PROJ, w, ws, state)
+        _row_step(RESIDUAL, ATTENTION_PART, wide, w, ws, state)
+        # x = h + out_norm(down(act(gate(norm(h))) * up(norm(h))))
+        _row_step(NORM, MLP_PART, wide, w, ws, state)
+        _linear_step(FROM_XN, TWO, m + GATE, m + UP, m + UP, TO_GATE_UP, w, ws, state)
+        _row_step(GATE_ROWS, MLP_PART, wide, w, ws, state)
+        _linear_step(FROM_GATE, ONE, m + DOWN, m + DOWN, m + DOWN, TO_PROJ, w, ws, state)
+        _row_step(RESIDUAL, MLP_PART, wide, w, ws, state)
+        if capture:
+            rows.hidden[l + 1, :T] = x
+    if capture:
+        for t in range(T):
+            rmsnorm_row(rows.hidden[L + 1, t], x[t], w.final_norm, w.eps)
+    # logits = cap(lm_head(final_norm(x[logit_rows]))): the logit rows' norms into xn's first rows
+    G = rows.logit_rows.shape[0]
+    for g in range(G):
+        rmsnorm_row(ws.xn[g], x[rows.logit_rows[g]], w.final_norm, w.eps)
+    ws.params[P_ROWS] = G
+    _linear_step(FROM_XN, ONE, embed + 1, embed + 1, embed + 1, TO_LOGITS, w, ws, state)
+    if w.final_softcap > 0:
+        for g in range(G):
+            softcap_row(rows.logits[g], w.final_softcap)
+
+
+@njit(cache=True)
+def _run(step, parallel, w, ws, state):
+    """Run step `step` (an index of STEPS): every thread's share in the parallel region, or all
+    of it on this thread."""
+    if parallel:
+        call_at(w.steps[PARALLEL_REGION], w.steps[step], np.int64(ws.claims.shape[1]), state)
+    else:
+        call_at(w.steps[step], np.int64(0), np.int64(1), state)
+
+
+@njit(cache=True)
+def _row_step(step, which, parallel, w, ws, state):
+    ws.params[P_WHICH] = which
+    _run(step, parallel, w, ws, state)
+
+
+@njit(cache=True)
+def _linear_step(source, n, m0, m1, m2, target, w, ws, state):
+    """Up to three matrices m0.. read from one input (source), into target: the input prepared
+    once per Operand they read it as, then one parallel region runs them all, each matrix by its
+    format's kernel."""
+    p = ws.params
+    p[P_WHICH], p[P_COUNT], p[P_MATRIX], p[P_MATRIX + 1], p[P_MATRIX + 2], p[P_OUTPUT] = source, n, m0, m1, m2, target
+    T = p[P_ROWS]
+    done = 0  # bit op: Operand op is prepared
+    for j in range(n):
+        op = w.operand[p[P_MATRIX + j]]
+        if op != Operand.FLOAT32 and not (done >> op) & 1:
+            p[P_COUNT] = op  # the prepare step reads the Operand here; the count is restored below
+            _run(PREPARE, T >= PARALLEL_ROWS, w, ws, state)
+            p[P_COUNT] = n
+            done |= 1 << op
+    for j in range(n):
+        start_claims(ws.claims[2 * j : 2 * j + 2], (w.matrices[p[P_MATRIX + j], 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, ws.claims.shape[1])
+    _run(LINEAR, ALWAYS, w, ws, state)
+
+
+# ---------------------------------------------------------------- the steps
+#
+# Each step's kernel does thread t's share of it: step(t, threads, state), state the address of
+# (rows, w, ws, k_pool, v_pool, cos, sin) (_state_at), its own arguments in ws.params.
+
+
+def prepare_step(t, threads, state):
+    """Thread t's share of the rows of a linear step's input, prepared as the Operand in
+    ws.params[P_COUNT] by that Operand's kernel."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    T, op, source = ws.params[P_ROWS], ws.params[P_COUNT], ws.params[P_WHICH]
+    x = ws.att[:T] if source == FROM_ATT else ws.gate[:T] if source == FROM_GATE else ws.xn[:T]
+    K = x.shape[1]
+    xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
+    call_prepare(w.prepare[op], xo, xs, x, np.int64(T * t // threads), np.int64(T * (t + 1) // threads))
+
+
+def linear_step(t, threads, state):
+    """Thread t's tasks of up to three matrices read from one input (ws.params), each by its
+    format's linear kernel (kernels.matmul), its tasks shared from claims[2j:2j + 2]."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    p = ws.params
+    T, n, target, source = p[P_ROWS], p[P_COUNT], p[P_OUTPUT], p[P_WHICH]
+    x = ws.att[:T] if source == FROM_ATT else ws.gate[:T] if source == FROM_GATE else ws.xn[:T]
+    K = x.shape[1]
+    q_dim = ws.att.shape[1]
+    kv_dim = (ws.qkv.shape[1] - q_dim) // 2
+    for j in range(n):
+        m = p[P_MATRIX + j]
+        op = w.operand[m]  # x as this matrix reads it, prepared by prepare_step
+        xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
+        if target == TO_QKV:
+            out, col = ws.qkv[:T], (0, q_dim, q_dim + kv_dim)[j]
+        elif target == TO_GATE_UP:
+            out, col = (ws.gate[:T] if j == 0 else ws.up[:T]), 0
+        elif target == TO_LOGITS:
+            out, col = rows.logits, 0
+        else:
+            out, col = ws.proj[:T], 0
+        call_linear(w.linear[m], out, np.int64(col), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t], ws.claims[2 * j : 2 * j + 2],
+                    np.int64(t))
+
+
+def norm_step(t, threads, state):
+    """Thread t's rows of xn = norm(x), the attention's or the MLP's norm (ws.params[P_WHICH])."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    norm = w.attn_norm if ws.params[P_WHICH] == ATTENTION_PART else w.mlp_norm
+    _norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps)
+
+
+def qkv_step(t, threads, state):
+    """Thread t's rows of q | k | v finished (_qkv_span) and their keys and values cached."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    _qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
+              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], k_pool.shape[4])
+
+
+def residual_step(t, threads, state):
+    """Thread t's rows of x += out_norm(proj + bias), after attention or the MLP (ws.params[P_WHICH])."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    if ws.params[P_WHICH] == ATTENTION_PART:
+        bias, norm = w.o_bias, w.attn_out_norm
+    else:
+        bias, norm = w.down_bias, w.mlp_out_norm
+    _residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps)
+
+
+def gate_step(t, threads, state):
+    """Thread t's rows of gate = act(gate + bias) * (up + bias)."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    _gate_span(T * t // threads, T * (t + 1) // threads, ws.gate, ws.up, w.gate_up_bias, l, w.gelu)
+
+
+def attention_step(t, threads, state):
+    """att = causal softmax attention of each row's queries over its slot's cache, layer l: thread
+    t's share of the tasks of _attention_tasks. Query head h reads KV head h // n_rep (GQA without
+    copying KV heads); a query at position p sees positions 0..p, or with a sliding window the
+    last `window` of them. Every output equals what attend gives one query alone, bit for bit."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    att, qkv, positions, slots, tasks, scores, claims = ws.att[:T], ws.qkv[:T], rows.positions, rows.slots, ws.tasks, ws.scores, ws.claims[0:2]
+    window, scale, softcap = w.window[l], w.attn_scale, w.attn_softcap
+    hd = k_pool.shape[4]
+    n_rep = w.heads // k_pool.shape[2]
+    row0 = t * (scores.shape[0] // claims.shape[1])  # this thread's score rows
+    task = claim(claims, t, claims.shape[1])
+    while task >= 0:
+        r0, r1, h0, h1 = tasks[task, 0], tasks[task, 1], tasks[task, 2], tasks[task, 3]
+        slot, pos0 = slots[r0], positions[r0]
+        keys, values = k_pool[slot, l, h0 // n_rep], v_pool[slot, l, h0 // n_rep]
+        if r1 - r0 == 1:  # a lone query: its heads of one KV head together
+            j0 = first_key(pos0, window)
+            attend(att[r0, h0 * hd : h1 * hd], qkv[r0, h0 * hd : h1 * hd], keys[j0:], values[j0:], pos0 + 1 - j0,
+                   scores[row0 : row0 + h1 - h0], scale, softcap)
+        else:  # up to 4 queries of one head, consecutive positions
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap)
+        task = claim(claims, t, claims.shape[1])
+
+
+def parallel_region(step, threads, state):
+    """The one parallel loop of the forward pass: every thread runs its share of a step."""
+    for t in prange(threads):
+        call_at(step, np.int64(t), np.int64(threads), state)
+
+
+# ---------------------------------------------------------------- the steps' kernels
+#
+# Each step is its own compiled kernel, called by address, and the parallel loop is one kernel
+# too: Numba links a called function's code into each caller and optimises it all again, so code
+# called from the forward pass in a dozen places was optimised a dozen times, and each parallel
+# loop (a parfor) costs seconds to compile. Here each is compiled and optimised once, in its own
+# module: a first run of the default model compiled the forward pass in 15 s instead of 30
+# (2-core AVX2 machine).
+
+STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step)
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE = (_n(i) for i in range(len(STEPS)))
+PARALLEL_REGION = len(STEPS)
+_compiled: dict = {}
+
+
+def step_kernels() -> np.ndarray:
+    """The addresses of the steps' kernels, then of the parallel region (compiled the first time on
+    a machine, then loaded from Numba's cache)."""
+    if not _compiled:
+        sig = types.void(types.int64, types.int64, types.int64)
+        options = dict(cache=True, fastmath=EXACT_MATH, nogil=True, _nrt=False)
+        kernels = [njit(sig, **options)(step) for step in STEPS] + [njit(sig, parallel=True, cache=True, nogil=True)(parallel_region)]
+        _compiled["steps"] = (kernels, np.array([native_address(k, sig) for k in kernels], np.int64))
+    return _compiled["steps"][1]
+
+
+# ---------------------------------------------------------------- attention tasks and row spans
+
+
+@njit(cache=True)
+def _attention_tasks(tasks, positions, slots, T, nh, nkv, threads):
+    """The attention tasks of the rows into tasks[:n] (first row, end row, first head, end head);
+    returns n. A run of rows of one slot at consecutive positions (a prefill chunk) is tasks of
+    4 queries of one head, scores in 4 x 4 tiles (each key loaded once for 4 queries); a lone row
+    (decode) is tasks of one KV head with its query heads (attend: each key and value read once
+    for all of them), split in parts until the tasks divide evenly among the threads. One
+    sequence of the default model is 3 KV heads: 2 + 1 on two threads cost float32 decode 3% (4
+    alternating rounds); in 2 parts, 6 tasks of 1 or 2 heads go 4 + 5 heads."""
+    n_rep = nh // nkv
+    lone = 0
+    r = 0
+    while r < T:
+        e = _run_end(positions, slots, T, r)
+        lone += e - r == 1
+        r = e
+    parts = 1
+    while parts < n_rep and (lone * nkv * parts) % threads != 0:
+        parts += 1
+    n = 0
+    r = 0
+    while r < T:
+        e = _run_end(positions, slots, T, r)
+        if e - r == 1:
+            for kv in range(nkv):
+                for p in range(parts):
+                    tasks[n, 0], tasks[n, 1] = r, r + 1
+                    tasks[n, 2], tasks[n, 3] = kv * n_rep + n_rep * p // parts, kv * n_rep + n_rep * (p + 1) // parts
+                    n += 1
+        else:
+            for h in range(nh):
+                for q0 in range(r, e, QUERIES_PER_TASK):
+                    tasks[n, 0], tasks[n, 1], tasks[n, 2], tasks[n, 3] = q0, min(e, q0 + QUERIES_PER_TASK), h, h + 1
+                    n += 1
+        r = e
+    return n
+
+
+@njit(cache=True)
+def _run_end(positions, slots, T, r):
+    """The end of the run of rows from r: one slot, consecutive positions."""
+    e = r + 1
+    while e < T and slots[e] == slots[r] and positions[e] == positions[e - 1] + 1:
+        e += 1
+    return e
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _norm_span(r0, r1, out, x, norm, l, eps):
+    """out[t] = rmsnorm(x[t]) with layer l's weights, or a copy of x[t] where the layer has no norm
+    at that place (norm is (L, 0))."""
+    for t in range(r0, r1):
+        if norm.shape[1] > 0:
+            rmsnorm_row(out[t], x[t], norm[l], eps)
+        else:
+            for n in range(x.shape[1]):
+                out[t, n] = x[t, n]
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
+    """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
+    position (table -1: none); then its key and value into its slot of layer l's cache."""
+    nkv = k_pool.shape[2]
+    kv_dim = nkv * hd
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for r in range(q_dim + 2 * kv_dim):
+                qkv[t, r] += bias[l, r]
+        q = qkv[t, :q_dim]
+        k = qkv[t, q_dim : q_dim + kv_dim]
+        v = qkv[t, q_dim + kv_dim :]
+        _norm_groups(q, q_norm, l, eps)
+        _norm_groups(k, k_norm, l, eps)
+        pos = positions[t]
+        if table >= 0:
+            rope_row(q, cos[table], sin[table], pos, hd)
+            rope_row(k, cos[table], sin[table], pos, hd)
+        for h in range(nkv):
+            for d in range(hd):
+                k_pool[slots[t], l, h, pos, d] = k[h * hd + d]
+                v_pool[slots[t], l, h, pos, d] = v[h * hd + d]
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _norm_groups(x, norm, l, eps):
+    """RMSNorm of x in place, group by group of norm's width (a head, or the whole projection:
+    the q/k norm of Qwen3, Gemma 3 and OLMo 2); nothing when norm is (L, 0)."""
+    n = norm.shape[1]
+    if n > 0:
+        for g in range(x.shape[0] // n):
+            rmsnorm_row(x[g * n : (g + 1) * n], x[g * n : (g + 1) * n], norm[l], eps)
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
+    """x[t] += norm(proj[t] + bias): layer l's bias row and output norm, each where the model has
+    one ((L, 0) otherwise)."""
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for n in range(x.shape[1]):
+                proj[t, n] += bias[l, n]
+        if norm.shape[1] > 0:
+            rmsnorm_row(proj[t], proj[t], norm[l], eps)
+        for n in range(x.shape[1]):
+            x[t, n] += proj[t, n]
+
+
+@njit(fastmath=EXACT_MATH, cache=True)
+def _gate_span(r0, r1, gate, up, bias, l, gelu):
+    """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
+    the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):
+    as a scalar loop SiLU took ~4% of an int8 step."""
+    I = gate.shape[1]
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for n in range(I):
+                gate[t, n] += bias[l, n]
+                up[t, n] += bias[l, I + n]
+        for n in range(I):
+            gate[t, n] = gated_act(gate[t, n], up[t, n], gelu)
+
+

@@ -1,0 +1,117 @@
+"""The settings of loading and serving a model, with their defaults in one place.
+
+The CLI's flags take their defaults from here, `minillm.load` and the engine read an `Options`,
+the server and the cluster pass one on; a value out of range is a UsageError that names the
+option. Nothing here imports the kernels: the CLI reads it before parsing arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from .errors import UsageError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the bundled model (minillm.default_model)
+
+
+@dataclass(frozen=True)
+class Options:
+    # the model
+    model: str | None = field(default=None, metadata={"help": "an HF checkpoint directory or a GGUF file (default: the bundled model)"})
+    ctx: int | None = field(default=None, metadata={"help": "context size (default: min(max positions, 4096))"})
+    dtype: str | None = field(default=None, metadata={"help": "weight precision (kernels.formats.DTYPE_CHOICES)"})
+    check_weights: bool = field(default=False, metadata={"help": "reject weights containing NaN or Inf"})
+    threads: int | None = field(default=None, metadata={"help": "the most threads a step uses (default: every CPU; with replicas, 1 per replica)"})
+    # the engine
+    max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
+    max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
+    cache_mb: float | None = field(default=None, metadata={"help": "prefix cache memory (default: a fifth of free memory, at most 2048; 0: off)"})
+    # the HTTP server
+    model_name: str | None = field(default=None, metadata={"help": "the model id clients send (default: the model's file or directory name)"})
+    api_key: str | None = field(default=None, metadata={"help": "require `Authorization: Bearer KEY` on /v1/*"})
+    host: str = "127.0.0.1"
+    port: int = 8000
+    shutdown_timeout: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may take to finish"})
+    # many engine replicas on Ray Serve (minillm.cluster)
+    replicas: int | None = field(default=None, metadata={"help": "N engine replicas on Ray Serve behind one endpoint (minillm[cluster])"})
+    autoscale: tuple[int, int] | None = field(default=None, metadata={"help": "scale replicas between MIN and MAX on ongoing requests"})
+    ingress_replicas: int = field(default=1, metadata={"help": "replicas of the HTTP ingress, which relays every token (about one per machine)"})
+    ray_address: str | None = field(default=None, metadata={"help": "join this Ray cluster (default: start a local Ray)"})
+
+    def __post_init__(self):
+        def at_least(name, low):
+            value = getattr(self, name)
+            if value is not None and not value >= low:
+                raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
+
+        for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("port", 0),
+                          ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1)):
+            at_least(name, low)
+        if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):
+            raise UsageError(f"autoscale needs 1 <= MIN <= MAX, got {self.autoscale}")
+        if self.replicas is not None and self.autoscale is not None:
+            raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
+
+    def replace(self, **changes) -> "Options":
+        return replace(self, **changes)
+
+    @property
+    def served_name(self) -> str:
+        """The model id the server answers to: model_name, or the model's file or directory name."""
+        if self.model_name:
+            return self.model_name
+        if self.model is None:
+            return DEFAULT_MODEL_NAME
+        path = Path(self.model)
+        return path.stem if path.suffix == ".gguf" else path.resolve().name
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the server runs engine replicas on Ray Serve."""
+        return self.replicas is not None or self.autoscale is not None or self.ray_address is not None
+
+    @property
+    def replica_threads(self) -> int:
+        """CPUs and Numba threads of each engine replica."""
+        return self.threads or 1
+
+    @property
+    def replica_count(self) -> int:
+        """Replicas to start with: the fixed count, the autoscaler's minimum, or 1."""
+        return self.replicas if self.replicas is not None else (self.autoscale[0] if self.autoscale else 1)
+
+    @classmethod
+    def from_strings(cls, values: dict, where: str = "options") -> "Options":
+        """Options from names and strings (or values), as Ray's `serve run ... key=value` gives
+        them; an unknown name is an error that names it."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise UsageError(f"{where}: unknown argument {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        parsed = {}
+        for name, value in values.items():
+            if value in (None, ""):
+                continue
+            kind = known[name].type
+            try:
+                if name == "autoscale":
+                    parsed[name] = tuple(int(v) for v in str(value).split(":")) if isinstance(value, str) else tuple(value)
+                elif "bool" in kind:
+                    parsed[name] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+                elif "int" in kind:
+                    parsed[name] = int(value)
+                elif "float" in kind:
+                    parsed[name] = float(value)
+                else:
+                    parsed[name] = str(value)
+            except ValueError:
+                raise UsageError(f"{where}: {name} must be {kind.split(' ')[0]}, got {value!r}") from None
+        return cls(**parsed)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return next(f.metadata.get("help", "") for f in fields(cls) if f.name == name)
+
+
+DEFAULTS = Options()

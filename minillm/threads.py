@@ -1,0 +1,111 @@
+"""How many threads a forward step uses: all of them while they pay, fewer beside a busy neighbour.
+
+Every parallel region of a step ends when its slowest thread does. On a quiet machine that is
+soon, and two threads give a decode step nearly twice one thread's speed. Beside another
+CPU-bound process the OS time-slices the cores, a region's second thread waits for its slice,
+and a decode step's ~180 regions each wait: a server beside a `cli.py bench` took 27-42 s for 32
+tokens instead of 0.7 s. One thread has nothing to wait for.
+
+So each step is timed (a moving average per size of step), and:
+- on all threads, a step much slower than its average tries one thread on the next step, and
+  keeps one thread if that is faster (a neighbour arrived). A quiet machine never pays a probe;
+- on one thread, all of them are tried again every `probe_every` steps, the interval doubling
+  up to `max_probe_every` while one thread stays faster (the neighbour is still there).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class ThreadTuner:
+    """Chooses the thread count of each step among `choices` (most first), by measured time."""
+
+    SLOWER = 1.5  # a step this much slower than its average makes the tuner try the other count
+    ALPHA = 0.3  # weight of the newest step in the moving averages
+
+    def __init__(self, threads: int, probe_every: int = 16, max_probe_every: int = 256):
+        self.choices = (threads, 1) if threads > 1 else (1,)
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
+        self._lock = threading.Lock()
+        self._sizes: dict[int, _SizeStats] = {}
+
+    def choose(self, rows: int) -> int:
+        """The thread count for a step of `rows` rows."""
+        if len(self.choices) == 1:
+            return self.choices[0]
+        with self._lock:
+            return self._stats(rows).next_choice(self)
+
+    def record(self, rows: int, threads: int, seconds: float) -> None:
+        """How long a step of `rows` rows took on `threads` threads."""
+        if len(self.choices) > 1:
+            with self._lock:
+                self._stats(rows).record(self, threads, seconds)
+
+    def _stats(self, rows: int) -> "_SizeStats":
+        size = min(rows.bit_length(), 10)  # steps of 1, 2-3, 4-7, .. rows, up to 512 and more
+        stats = self._sizes.get(size)
+        if stats is None:
+            stats = self._sizes[size] = _SizeStats(self.choices, self.probe_every)
+        return stats
+
+
+class _SizeStats:
+    def __init__(self, choices, probe_every):
+        self.average = {c: None for c in choices}
+        self.current = choices[0]
+        self.interval = probe_every
+        self.countdown = probe_every
+        self.probing = False
+
+    def next_choice(self, tuner: ThreadTuner) -> int:
+        most = tuner.choices[0]
+        if self.current != most:
+            self.countdown -= 1
+        self.probing = self.countdown <= 0
+        if self.probing:
+            return next(c for c in tuner.choices if c != self.current)
+        return self.current
+
+    def record(self, tuner: ThreadTuner, threads: int, seconds: float) -> None:
+        old = self.average[threads]
+        self.average[threads] = seconds if old is None else (1 - tuner.ALPHA) * old + tuner.ALPHA * seconds
+        if self.probing:
+            self.probing = False
+            if seconds < self.average[self.current]:  # the other count was faster: take it
+                self.current, self.interval = threads, tuner.probe_every
+            elif self.current != tuner.choices[0]:
+                self.interval = min(2 * self.interval, tuner.max_probe_every)  # one thread still pays
+            self.countdown = self.interval
+        elif old is not None and seconds > tuner.SLOWER * old and self.current == tuner.choices[0]:
+            self.countdown = 0  # much slower than usual on every thread: try one thread next step
+
+
+class StepTimer:
+    """`with timer.step(rows):` runs the body on the tuner's thread count for this Python thread
+    (Numba's is per thread) and records how long it took."""
+
+    def __init__(self, tuner: ThreadTuner):
+        self.tuner = tuner
+
+    def step(self, rows: int):
+        return _Step(self.tuner, rows)
+
+
+class _Step:
+    def __init__(self, tuner, rows):
+        self.tuner, self.rows = tuner, rows
+
+    def __enter__(self):
+        import numba
+
+        self.threads = self.tuner.choose(self.rows)
+        numba.set_num_threads(self.threads)
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.tuner.record(self.rows, self.threads, time.perf_counter() - self.start)
+        return False

@@ -1,0 +1,64 @@
+"""Compiling the kernels ahead of time: `minillm warmup`, for images, replicas and CI.
+
+A first run compiles the forward pass and the kernels of the model's weight formats for this CPU
+(tens of seconds), then Numba's on-disk cache loads them in milliseconds. `warm` does that
+compiling without a model, for a list of formats or a load precision, so a container image or a
+cluster replica can be built with its cache already filled (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .errors import UsageError
+
+
+def formats_for(dtype: str | None = None, names=()) -> list:
+    """The weight formats (kernels.formats) that `--dtype` or the named formats run as: each name
+    with its 16-row grouped layout, which the loader uses when a matrix's rows allow."""
+    import kernels as K
+
+    wanted = list(names)
+    if dtype is not None:
+        if dtype not in K.DTYPE_CHOICES or dtype == K.formats.AS_STORED:
+            raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(K.LOAD_DTYPES)} (or --formats for a GGUF's)")
+        wanted.append(K.LOAD_DTYPES[dtype])
+        if dtype == "q4_0":
+            wanted.append("Q8_0")  # its output matrix (checkpoint.matrix_format)
+    found = []
+    for name in wanted:
+        fmt = K.BY_NAME.get(name.upper())
+        if fmt is None:
+            raise UsageError(f"--formats: no weight format {name!r}; minillm runs {', '.join(f.name for f in K.FORMATS)}")
+        found += [fmt] + ([K.BY_NAME[fmt.grouped]] if fmt.grouped else []) + ([K.I8] if fmt.name == "Q8_0" else [])
+    return sorted(set(found), key=lambda f: f.code)
+
+
+def warm(formats) -> float:
+    """Compile (or load from the cache) the forward pass, sampling's kernels and the kernels of
+    `formats`; returns the seconds it took."""
+    import kernels as K
+    from kernels import forward as F
+    from kernels.jit import CompileNotice
+
+    start = time.perf_counter()
+    operands = sorted({f.operand for f in formats} - {K.Operand.FLOAT32})
+    names = ", ".join(sorted({f.group_of or f.name for f in formats})) or "no weight format"
+    with CompileNotice(f"the forward pass and kernels for {names}", jobs=len(formats) + len(operands) + 3) as notice:
+        F.step_kernels()
+        notice.step()
+        arrays = (F.ROWS_TYPE, F.MODEL_WEIGHTS_TYPE, F.WORKSPACE_TYPE, F._P5, F._P5, F._F3, F._F3)
+        F.forward.compile(arrays)
+        notice.step()
+        K.top_k(np.zeros(1, np.int64), np.zeros(1, np.float32), np.zeros(4, np.float32))
+        K.mask_logits(np.zeros(4, np.float32), np.zeros(1, np.int32))
+        notice.step()
+        for fmt in formats:
+            K.kernels_for(fmt)
+            notice.step()
+        for op in operands:
+            K.prepare_for(op)
+            notice.step()
+    return time.perf_counter() - start
