@@ -21,7 +21,7 @@ import time
 import numba
 
 import minillm
-from minillm.cache import KVPool
+from minillm.core.cache import KVPool
 
 SIZES = (1, 2, 4, 8)
 

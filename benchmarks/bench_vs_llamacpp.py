@@ -229,7 +229,7 @@ def quantized(source: Path, ftype: str) -> Path:
 def row_files(model_dir: Path, rows) -> dict[str, Path]:
     """Every GGUF the rows name: converted (f32, bf16, q8_0), quantized from the most precise
     of those, or the shipped default-model file."""
-    from minillm.default_model import find_default_gguf
+    from minillm.loading.default_model import find_default_gguf
 
     names = {name for _, ours, _, theirs in rows for name in (ours, theirs) if name != "dir"}
     files = {}
@@ -250,7 +250,7 @@ def random_1b() -> Path:
     path = CACHE / "llama-1b-random"
     if (path / "config.json").exists():
         return path
-    from minillm.default_model import default_model_dir
+    from minillm.loading.default_model import default_model_dir
 
     print("writing a random ~1.2B Llama checkpoint (bf16) ...", flush=True)
     tmp = CACHE / "llama-1b-random.tmp"
@@ -375,7 +375,7 @@ def main() -> None:
         write_readme(json.loads((ROOT / "benchmarks" / "results.json").read_text()))
         return
     sys.path.insert(0, str(ROOT))
-    from minillm.default_model import default_model_dir
+    from minillm.loading.default_model import default_model_dir
 
     ensure_llama_cpp()
     out = ROOT / "benchmarks" / "results.json"

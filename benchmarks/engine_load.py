@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import minillm
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import TEMPERATURE, prompt_text  # noqa: E402  (the same load)

@@ -87,10 +87,11 @@ def main() -> None:
     args = ap.parse_args()
 
     import bench_vs_llamacpp as bench
-    from minillm.default_model import default_model_dir, find_default_gguf
-    from minillm.gguf_import import import_gguf
-    from minillm.model import Model
-    from minillm.tokenizer import Tokenizer
+
+    from minillm.core.model import Model
+    from minillm.core.tokenizer import Tokenizer
+    from minillm.loading.default_model import default_model_dir, find_default_gguf
+    from minillm.loading.gguf_import import import_gguf
 
     bench.ensure_llama_cpp()
     f32_dir = default_model_dir()

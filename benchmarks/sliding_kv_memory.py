@@ -32,7 +32,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4000)
     args = ap.parse_args()
     from hf_tiny import VOCAB, make_checkpoint
-    from minillm.model import Model
+
+    from minillm.core.model import Model
 
     with tempfile.TemporaryDirectory() as path:
         make_checkpoint(Path(path), arch="gemma3", hidden_size=256, intermediate_size=256, num_attention_heads=1,

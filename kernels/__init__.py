@@ -16,45 +16,10 @@ nh/nkv query/KV heads, hd head dim, ctx cache length.
     work_sharing, jit, target                  threads, Numba settings, the CPU compiled for
 """
 
-import os
-import sys
-
-# GNU OpenMP (Numba's omp threading layer on Linux) keeps one thread pool per Python thread that
-# enters a parallel region. Once a second one does (a model loads on the caller's thread, then
-# the engine thread decodes), it counts more threads than CPUs and "throttles": workers spin
-# ~100 times instead of ~300000 before sleeping, and every parallel region then wakes them
-# through the kernel. A decode step of the default model's Q4_0 file took 11.9 ms on a second
-# thread against 5.9 ms on the first (2 cores, alternating). ACTIVE with the default spin count
-# keeps the default spin-then-sleep in both cases. Set before libgomp starts (the first
-# parallel call reads them); a user's own settings win.
-if sys.platform.startswith("linux") and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    os.environ["GOMP_SPINCOUNT"] = "300000"
-
-from . import target
-
-target.use_named_cpu_features()  # before anything compiles: NUMBA_CPU_NAME alone means that CPU's features
-
-from . import jit  # every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
-from .activation_operands import quantize_activations
-from .attention import QUERIES_PER_TASK, attend, attention, kv_write
-from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, LOAD_DTYPES, Operand, WeightFormat, kernels_for, prepare_for
-from .forward import STATE_TYPE as forward_state_type, ModelWeights, Rows, Workspace
-from .gguf_blocks import FORMATS as BLOCK_FORMATS, Q4_0, Q8_0
-from .integer_products import GROUP as ROW_GROUP, PER_BLOCK as SPLIT_PER_BLOCK, group_rows
-from .logit_mask import mask_logits
-from .matmul import add_bias, dequantize, matmul
-from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
-from .rmsnorm import rmsnorm, rmsnorm_row
-from .rope import rope, rope_row, rope_tables
-from .swiglu import gated, softcap_row, swiglu
-from .top_k import top_k
-from .vector_ir import QBLOCK
-
-__all__ = [
-    "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "LOAD_DTYPES", "Operand",
-    "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "BLOCK_FORMATS", "Q4_0", "Q8_0",
-    "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
-    "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row",
-    "rope", "rope_row", "rope_tables", "gated", "softcap_row", "swiglu", "top_k", "QBLOCK",
-]
+# This folder is `minillm.kernels` (minillm/__init__.py, pyproject.toml). From a checkout, the repository
+# root is on sys.path (python cli.py, the tests), so `import kernels` finds it under its bare name too:
+# transformers imports `kernels` to ask Hugging Face's package of that name its version. Imported so, it
+# stays empty (no version: not that package), rather than load every kernel a second time.
+if __name__ == "minillm.kernels":
+    from .exports import *  # noqa: F401,F403
+    from .exports import __all__  # noqa: F401

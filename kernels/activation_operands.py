@@ -4,18 +4,27 @@ of 32 against int8 weights (quantize_blocks), used as they are against float32 (
 picks, at compile time, by the weights' dtype).
 """
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
-from .vector_ir import (
-    BF16_CHUNK, F32, I16, I64, LANES, QBLOCK, as_i64, bits_as_f32, data_ptr, loop, quantized_block, round_bf16_chunk,
-)
 from .jit import EXACT_MATH, kernel
 from .quantize import bf16_bits
-
+from .vector_ir import (
+    BF16_CHUNK,
+    F32,
+    I16,
+    I64,
+    LANES,
+    QBLOCK,
+    as_i64,
+    bits_as_f32,
+    data_ptr,
+    loop,
+    quantized_block,
+    round_bf16_chunk,
+)
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
 

@@ -3,10 +3,20 @@
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from .vector_math import divide, exp_f32, tanh_f32
-from .float_sums import (LANES, VALUE_HEADS, dot_4x4_into, dot_chunks, dot_rows16, max_chunks, total, weighted_rows_1,
-                         weighted_rows_2, weighted_rows_3)
+from .float_sums import (
+    LANES,
+    VALUE_HEADS,
+    dot_4x4_into,
+    dot_chunks,
+    dot_rows16,
+    max_chunks,
+    total,
+    weighted_rows_1,
+    weighted_rows_2,
+    weighted_rows_3,
+)
 from .jit import EXACT_MATH, kernel
+from .vector_math import divide, exp_f32, tanh_f32
 
 
 @kernel(parallel=False)

@@ -9,8 +9,24 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vector_ir import F32, I32, I64, LANES, VEC, as_i64, chunk_loop, data_ptr, fma_vec, load_f32, loop, reduce16_vector, reduce_tree, splat, tile_4x4
 from .jit import EXACT_MATH
+from .vector_ir import (
+    F32,
+    I32,
+    I64,
+    LANES,
+    VEC,
+    as_i64,
+    chunk_loop,
+    data_ptr,
+    fma_vec,
+    load_f32,
+    loop,
+    reduce16_vector,
+    reduce_tree,
+    splat,
+    tile_4x4,
+)
 
 
 @intrinsic

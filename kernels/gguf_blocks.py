@@ -21,8 +21,24 @@ from llvmlite import ir
 from numba import literal_unroll, types
 from numba.extending import intrinsic, overload
 
-from .vector_ir import F32, I32, I32_VEC, I64, LANES, LINE_BYTES, PREFETCH_BYTES, VEC, as_i64, fma_vec, load_f32, loop, prefetch, reduce_tree, splat
 from .jit import EXACT_MATH
+from .vector_ir import (
+    F32,
+    I32,
+    I32_VEC,
+    I64,
+    LANES,
+    LINE_BYTES,
+    PREFETCH_BYTES,
+    VEC,
+    as_i64,
+    fma_vec,
+    load_f32,
+    loop,
+    prefetch,
+    reduce_tree,
+    splat,
+)
 
 # ggml type numbers
 F32_TYPE, F16_TYPE, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16_TYPE = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -237,7 +253,7 @@ def dequant_chunks(b, fmt, bp):
 BLOCKS_PER_STEP = 2  # blocks of 32 weights per step of a tile's loop (block_tile)
 
 
-def _literal(v):
+def literal_value(v):
     return v.literal_value if isinstance(v, types.IntegerLiteral) else None
 
 
@@ -248,7 +264,7 @@ def _row_pointers(context, b, warr_ty, w, n0, count):
     return [b.gep(data, [b.mul(b.add(n0, I64(r)), row_bytes)], source_etype=I8) for r in range(count)]
 
 
-def _prefetch_offsets(step_bytes: int) -> list[int]:
+def prefetch_offsets(step_bytes: int) -> list[int]:
     """Offsets from a row's step start to prefetch, PREFETCH_BYTES ahead: one when a step is at
     most a cache line (consecutive steps' prefetches then touch every line), else enough to
     touch every line the step spans, however the step is aligned."""
@@ -268,7 +284,7 @@ def block_tile(typingctx, fmt, R, G, w, n, x, t):
     """Rows n..n+R-1 of block-format weights w (ggml type fmt; fmt, R and G compile-time
     constants) against float32 tokens t..t+G-1 of x (T, K): the R*G sums, token-major ((t, n),
     (t, n+1), .., (t+G-1, n+R-1)), each the float32 path's dot product of the dequantized row."""
-    F, nr, ng = _literal(fmt), _literal(R), _literal(G)
+    F, nr, ng = literal_value(fmt), literal_value(R), literal_value(G)
     if F not in FORMATS or not nr or not ng or x.dtype != types.float32:
         return None
     block, size = FORMATS[F]
@@ -291,7 +307,7 @@ def block_tile(typingctx, fmt, R, G, w, n, x, t):
                 # super-block (144-210 bytes) to chance (Q4_K/Q6_K down_proj from memory 0.57x
                 # the time with all of them)
                 for bp in first:
-                    for ahead in _prefetch_offsets(size * count):
+                    for ahead in prefetch_offsets(size * count):
                         prefetch(b, b.gep(bp, [I64(ahead)], source_etype=I8))
                 accs = list(accs)
                 for u in range(count):
@@ -323,7 +339,7 @@ def block_tile(typingctx, fmt, R, G, w, n, x, t):
 def dequantize_block_row(typingctx, fmt, w, n, out):
     """out[:] = row n of block-format weights w (ggml type fmt, a compile-time constant) as
     float32, bit for bit what gguf-py's dequantize gives (an embedding row)."""
-    F = _literal(fmt)
+    F = literal_value(fmt)
     if F not in FORMATS:
         return None
     block = FORMATS[F][0]
@@ -357,7 +373,7 @@ def block_rows(fmt, out, col, w, n0, n1, x):
 
 @overload(block_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _block_rows(fmt, out, col, w, n0, n1, x):
-    F = _literal(fmt)
+    F = literal_value(fmt)
     if F not in FORMATS:
         return None
     # rows side by side below 8 tokens: four, but two for Q8_0, whose 34-byte blocks stream from
@@ -414,7 +430,7 @@ def _row_tokens(fmt, R, out, col, w, n, x):
 
 @overload(_row_tokens, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _row_tokens_impl(fmt, R, out, col, w, n, x):
-    F, nr = _literal(fmt), _literal(R)
+    F, nr = literal_value(fmt), literal_value(R)
     if F not in FORMATS or nr not in (1, 2):
         return None
 

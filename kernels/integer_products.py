@@ -32,11 +32,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, _literal, _prefetch_offsets
-from .target import has
-from .vector_ir import (F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch,
-                        quantized_block, splat)
+from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, literal_value, prefetch_offsets
 from .jit import EXACT_MATH, kernel
+from .target import has
+from .vector_ir import F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch, quantized_block, splat
 
 Q4_0_R16 = 1002  # not ggml types: block formats in groups of 16 rows (the matrix's `s`)
 Q8_0_R16 = 1008
@@ -266,7 +265,7 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
     each token's 16 totals. tokens: per token, (its lo bytes, its hi bytes, its xs row)."""
 
     def typer(typingctx, out, col, w, g, xo, xs, t, G):
-        ng = _literal(G)
+        ng = literal_value(G)
         if not ng or out.dtype != types.float32 or out.layout != "C":
             return None
         sig = types.void(out, col, w, g, xo, xs, t, G)
@@ -296,7 +295,7 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
                 bp = b.gep(group, [b.mul(k, I64(step_bytes))], source_etype=I8)
                 if ng >= STREAMED_TILE:  # every line of the step, a page ahead (STREAMED_TILE)
                     with b.if_then(first_tile, likely=True):
-                        for ahead in _prefetch_offsets(step_bytes):
+                        for ahead in prefetch_offsets(step_bytes):
                             prefetch(b, b.gep(bp, [I64(ahead)], source_etype=I8), INTO_L2)
                 return step(b, bp, k, tokens, list(totals))
 
@@ -663,7 +662,7 @@ def grouped_rows(fmt, out, col, w, g, xo, xs):
 
 @overload(grouped_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _grouped_rows(fmt, out, col, w, g, xo, xs):
-    tile = TILES.get(_literal(fmt))
+    tile = TILES.get(literal_value(fmt))
     if tile is None:
         return None
 
@@ -693,7 +692,7 @@ def grouped_row_get(fmt, w, n, out):
 
 @overload(grouped_row_get, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _grouped_row_get(fmt, w, n, out):
-    getter = ROW_GETTERS.get(_literal(fmt))
+    getter = ROW_GETTERS.get(literal_value(fmt))
     if getter is None:
         return None
     return lambda fmt, w, n, out: getter(w, n, out)

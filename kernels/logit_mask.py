@@ -1,4 +1,4 @@
-"""The structured-output mask applied to logits (minillm.structured): a bit per token, packed 32 to
+"""The structured-output mask applied to logits (minillm.core.structured): a bit per token, packed 32 to
 an int32 word as llguidance writes it."""
 
 import numpy as np

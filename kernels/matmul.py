@@ -20,13 +20,21 @@ from numba import cfunc, njit, prange, types
 from numba.extending import overload
 
 from .activation_operands import activation, call_prepare, chunk_operand
-from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat, prepare_for, kernels_for
+from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat, kernels_for, prepare_for
 from .gguf_blocks import block_rows, dequantize_block_row
 from .integer_products import grouped_row_get, grouped_rows
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import chunked_len, row_get, weight_at
-from .row_products import (bf16_tile_dot_4x4, int8_tile_dot_4x4, row_dot, rows_dot4, streamed_bf16_tile_dot_4x4,
-                           streamed_tile_dot_4x4, tile_dot_4x4, weight_dot_chunks)
+from .row_products import (
+    bf16_tile_dot_4x4,
+    int8_tile_dot_4x4,
+    row_dot,
+    rows_dot4,
+    streamed_bf16_tile_dot_4x4,
+    streamed_tile_dot_4x4,
+    tile_dot_4x4,
+    weight_dot_chunks,
+)
 from .work_sharing import claim, start_claims
 
 ROWS_PER_TASK = 16  # a grouped layout's 16 rows; two halves of 8 in prefill

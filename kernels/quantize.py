@@ -17,8 +17,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from .gguf_blocks import FORMATS, Q4_0, Q8_0
-from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
+from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
 
 
 @njit(cache=True)

@@ -18,13 +18,40 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from .activation_operands import activation, chunk_operand
-from .vector_ir import (
-    BF16_ACCS, BF16_CHUNK, F32, I16, I32, I32_VEC, I64, LANES, LINE_BYTES, PREFETCH_BYTES, QBLOCK, VEC, as_i64, data_ptr, dpbf16,
-    fma_acc, int8_block_term, int8_pairs_term, int8_values, int16_values, load_bf16_chunk, load_f32, load_int8_block,
-    load_int16_block, loop, prefetch, reduce_tree, round_bf16_chunk, splat, tile_4x4,
-)
 from .jit import EXACT_MATH
 from .quantize import chunked_len, weight_at
+from .vector_ir import (
+    BF16_ACCS,
+    BF16_CHUNK,
+    F32,
+    I16,
+    I32,
+    I32_VEC,
+    I64,
+    LANES,
+    LINE_BYTES,
+    PREFETCH_BYTES,
+    QBLOCK,
+    VEC,
+    as_i64,
+    data_ptr,
+    dpbf16,
+    fma_acc,
+    int8_block_term,
+    int8_pairs_term,
+    int8_values,
+    int16_values,
+    load_bf16_chunk,
+    load_f32,
+    load_int8_block,
+    load_int16_block,
+    loop,
+    prefetch,
+    reduce_tree,
+    round_bf16_chunk,
+    splat,
+    tile_4x4,
+)
 
 
 class _WeightRow:

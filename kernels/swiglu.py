@@ -1,8 +1,8 @@
 import numpy as np
 from numba import njit, prange
 
-from .vector_math import divide, exp_f32, tanh_f32
 from .jit import EXACT_MATH, kernel
+from .vector_math import divide, exp_f32, tanh_f32
 
 
 @njit(fastmath=EXACT_MATH, cache=True)  # once per element: no call overhead

@@ -1,4 +1,4 @@
-"""Choosing the k largest logits for top-k sampling (minillm.sampling)."""
+"""Choosing the k largest logits for top-k sampling (minillm.core.sampling)."""
 
 from .jit import kernel
 

@@ -14,8 +14,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vector_ir import bits_as_f32
 from .jit import EXACT_MATH
+from .vector_ir import bits_as_f32
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # ln 2 = hi + lo; hi has few bits, so n * hi is exact

@@ -5,7 +5,17 @@
 
 `load`, `LLM` and `SamplingParams` are imported on first use, so that `minillm.options` and the
 errors can be read without loading the kernels (the CLI parses its flags that way).
+
+The Numba kernels are `minillm.kernels`. A checkout keeps them at the top (kernels/, beside
+this package, as cli.py is); an installed minillm has them inside (setuptools maps the folder,
+pyproject.toml), so installing adds nothing to site-packages but minillm. From a checkout this
+package's path reaches the folder beside it.
 """
+
+from pathlib import Path as _Path
+
+if not (_Path(__file__).parent / "kernels").is_dir() and (_Path(__file__).parent.parent / "kernels" / "__init__.py").is_file():
+    __path__.append(str(_Path(__file__).parent.parent))  # minillm.kernels is ../kernels
 
 from .errors import (
     CheckpointError,
@@ -41,7 +51,7 @@ def __getattr__(name):
 
         return getattr(api, name)
     if name == "SamplingParams":
-        from .sampling import SamplingParams
+        from .core.sampling import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'minillm' has no attribute {name!r}")

@@ -8,7 +8,7 @@
     llm.chat([{"role": "user", "content": "Hi!"}])
 
 Calls from several threads are safe and are batched: every request goes to one engine thread
-(minillm.engine) that decodes all active requests together, the weights read once per step.
+(minillm.core.engine) that decodes all active requests together, the weights read once per step.
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .engine import Engine, check_prompt
+from .core.detokenize import TextStream
+from .core.engine import Engine, check_prompt
+from .core.model import Model
+from .core.sampling import SamplingParams
+from .core.tokenizer import Tokenizer
 from .errors import GenerationError, UsageError
-from .detokenize import TextStream
-from .model import Model
 from .options import DEFAULTS, Options
-from .sampling import SamplingParams
-from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from .structured import GrammarCompiler
+    from .core.structured import GrammarCompiler
 
 
 class LLMFiles:
     """What needs only a model's tokenizer and config files: the tokenizer (with the chat
     template), the end-of-sequence ids and the grammar compiler. An LLM has one; so does the
-    ingress of a cluster (minillm.cluster), which holds no weights."""
+    ingress of a cluster (minillm.serving.cluster), which holds no weights."""
 
     def __init__(self, model_dir: Path, config):
         self.model_dir, self.config = Path(model_dir), config
@@ -51,8 +51,8 @@ class LLMFiles:
 
     @cached_property
     def grammars(self) -> "GrammarCompiler":
-        """Structured output for this model's tokenizer (minillm.structured; needs llguidance)."""
-        from .structured import GrammarCompiler
+        """Structured output for this model's tokenizer (minillm.core.structured; needs llguidance)."""
+        from .core.structured import GrammarCompiler
 
         return GrammarCompiler(self.model_dir / "tokenizer.json", self.config.vocab_size, self.eos_ids)
 
@@ -65,7 +65,7 @@ class LLM:
         self.options = options
         model_dir = options.model
         if model_dir is None:
-            from .default_model import default_model_dir
+            from .loading.default_model import default_model_dir
 
             model_dir = default_model_dir(progress=progress)
         self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
@@ -119,7 +119,7 @@ class LLM:
         A prompt longer than the context is an error unless `truncate`, which keeps its most
         recent tokens (leaving room for max_tokens, and at least half the context to the prompt).
         json_schema (a dict) or grammar (GBNF text, or {"type": "lark" | "gbnf" | "regex",
-        "grammar": str}) constrain the text (minillm.structured); logit_bias maps token ids to biases.
+        "grammar": str}) constrain the text (minillm.core.structured); logit_bias maps token ids to biases.
         """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self._stream(ids, max_tokens, stop, truncate, sampling)
@@ -140,7 +140,7 @@ class LLM:
         schema, grammar = sampling.pop("json_schema", None), sampling.pop("grammar", None)
         constraint = None
         if schema is not None or grammar is not None:
-            from .structured import response_format_constraint
+            from .core.structured import response_format_constraint
 
             response_format = {"type": "json_schema", "json_schema": {"schema": schema}} if schema is not None else None
             constraint = response_format_constraint(self.grammars, response_format, grammar)
@@ -172,7 +172,7 @@ class LLM:
         return np.stack(vectors) if vectors else np.zeros((0, cfg.hidden_size), np.float32)
 
     def check_prompt(self, ids: Sequence[int]) -> None:
-        """The engine's prompt check (minillm.engine.check_prompt) for this model."""
+        """The engine's prompt check (minillm.core.engine.check_prompt) for this model."""
         check_prompt(ids, self.model.config.vocab_size, self.model.ctx)
 
 
@@ -191,7 +191,7 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     cache_mb: memory for the prefix cache, which lets requests that share a prefix (a chat's
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     threads: the most threads a step uses (default: every CPU); fewer are used while more would
-    wait on a busy machine (minillm.threads).
+    wait on a busy machine (minillm.core.threads).
     """
     try:
         options = (options or DEFAULTS).replace(**settings)
@@ -206,12 +206,12 @@ def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:
     """(the directory with tokenizer.json, tokenizer_config.json and generation_config.json, the
     config.json to read) for a checkpoint directory, a GGUF file (its tokenizer rebuilt from
     the metadata once, kept in the model store) or None (the default model)."""
-    from .default_model import default_model_dir, weights_dir
+    from .loading.default_model import default_model_dir, weights_dir
 
     source = default_model_dir(progress=False) if source is None else Path(source)
     if source.is_dir():
         return source, source / "config.json"
-    from .gguf_file import tokenizer_dir
+    from .loading.gguf_file import tokenizer_dir
 
     files = tokenizer_dir(source, weights_dir() / "gguf-tokenizers")
     return files, files / "config.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Model
+from .core.model import Model
 
 
 def peak_rss_mb() -> float:

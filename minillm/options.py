@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the bundled model (minillm.default_model)
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the bundled model (minillm.loading.default_model)
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Options:
     host: str = "127.0.0.1"
     port: int = 8000
     shutdown_timeout: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may take to finish"})
-    # many engine replicas on Ray Serve (minillm.cluster)
+    # many engine replicas on Ray Serve (minillm.serving.cluster)
     replicas: int | None = field(default=None, metadata={"help": "N engine replicas on Ray Serve behind one endpoint (minillm[cluster])"})
     autoscale: tuple[int, int] | None = field(default=None, metadata={"help": "scale replicas between MIN and MAX on ongoing requests"})
     ingress_replicas: int = field(default=1, metadata={"help": "replicas of the HTTP ingress, which relays every token (about one per machine)"})

@@ -18,7 +18,7 @@ from .errors import UsageError
 def formats_for(dtype: str | None = None, names=()) -> list:
     """The weight formats (kernels.formats) that `--dtype` or the named formats run as: each name
     with its 16-row grouped layout, which the loader uses when a matrix's rows allow."""
-    import kernels as K
+    from . import kernels as K
 
     wanted = list(names)
     if dtype is not None:
@@ -39,9 +39,9 @@ def formats_for(dtype: str | None = None, names=()) -> list:
 def warm(formats) -> float:
     """Compile (or load from the cache) the forward pass, sampling's kernels and the kernels of
     `formats`; returns the seconds it took."""
-    import kernels as K
-    from kernels import forward as F
-    from kernels.jit import CompileNotice
+    from . import kernels as K
+    from .kernels import forward as F
+    from .kernels.jit import CompileNotice
 
     start = time.perf_counter()
     operands = sorted({f.operand for f in formats} - {K.Operand.FLOAT32})
@@ -49,8 +49,7 @@ def warm(formats) -> float:
     with CompileNotice(f"the forward pass and kernels for {names}", jobs=len(formats) + len(operands) + 3) as notice:
         F.step_kernels()
         notice.step()
-        arrays = (F.ROWS_TYPE, F.MODEL_WEIGHTS_TYPE, F.WORKSPACE_TYPE, F._P5, F._P5, F._F3, F._F3)
-        F.forward.compile(arrays)
+        F.forward.compile(F.STATE_TYPE.types)  # the forward pass takes the state's parts as its arguments
         notice.step()
         K.top_k(np.zeros(1, np.int64), np.zeros(1, np.float32), np.zeros(4, np.float32))
         K.mask_logits(np.zeros(4, np.float32), np.zeros(1, np.int32))

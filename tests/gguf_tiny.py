@@ -127,7 +127,7 @@ def make_vocab(size: int, kind: str = "bpe") -> dict:
     """Tokenizer metadata for `size` tokens. "bpe": byte-level, the first byte characters and
     merges of pairs of them. "spm": SentencePiece, control tokens, the 256 byte tokens only when
     size allows, then pieces with "▁", with scores; no merges (recovered from the scores)."""
-    from minillm.gguf_tokenizer import bytes_to_unicode
+    from minillm.loading.gguf_tokenizer import bytes_to_unicode
 
     if kind == "bpe":
         base = list(bytes_to_unicode().values())[: size - 12]

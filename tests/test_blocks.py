@@ -4,12 +4,11 @@ the Q4_0 quantizer equal to gguf-py's."""
 
 import numpy as np
 import pytest
+from gguf_tiny import random_blocks
+from minillm.kernels.row_products import row_dot
 from numba import njit
 
-import kernels as K
-import kernels.gguf_blocks as KB
-from gguf_tiny import random_blocks
-from kernels.row_products import row_dot
+from minillm import kernels as K
 
 FORMATS = [f for f in K.FORMATS if f.ggml_type is not None]  # every GGUF type minillm runs as stored
 FLOAT_ACTIVATIONS = [f for f in FORMATS if f.operand == K.Operand.FLOAT32]  # BF16 rounds them (test_kernels)

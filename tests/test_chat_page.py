@@ -23,7 +23,7 @@ def served(default_model_dir):
     import uvicorn
 
     import minillm
-    from minillm.server import create_app
+    from minillm.serving.server import create_app
 
     llm = minillm.load(default_model_dir, ctx=2048)
     llm.eos_ids = ()  # replies run to max_tokens, so there is a long one to stop

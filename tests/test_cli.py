@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hf_tiny import VOCAB, hf_logits, make_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +149,7 @@ def test_chat_one_turn(default_model_dir):
 
 
 def test_engine_imports_no_torch():
-    code = "import sys, cli, minillm, kernels, minillm.gguf_import; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, cli, minillm, kernels, minillm.loading.gguf_import; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

@@ -4,7 +4,6 @@ two chats stays on the replica that cached it, and a replica killed mid-stream e
 streams, with an error event, while Ray starts a new one."""
 
 import concurrent.futures
-import json
 import os
 import re
 import signal
@@ -144,7 +143,7 @@ def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(clus
 
 
 def test_a_replica_killed_mid_stream_ends_only_its_streams_and_comes_back(cluster, client, reference):
-    from minillm.cluster_router import prefix_key, preferred_replica
+    from minillm.serving.cluster_router import preferred_replica, prefix_key
 
     pids = dict(re.findall(r'^minillm_replica_running\{replica="([^"]+)",pid="(\d+)"\}', _metrics(cluster), re.M))
     assert len(pids) == 2
@@ -198,7 +197,7 @@ def test_replicas_without_ray_is_one_line(tmp_path):
 
 
 def test_deployment_app_takes_serves_options_by_name(monkeypatch, default_model_dir):
-    """`serve run minillm.cluster:deployment_app model=... replicas=...` and KubeRay's serveConfigV2
+    """`serve run minillm.serving.cluster:deployment_app model=... replicas=...` and KubeRay's serveConfigV2
     args arrive as strings: each becomes the option `serve` gives build_app."""
     from ray import serve
 

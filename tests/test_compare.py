@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 from hf_tiny import make_checkpoint
+
 from minillm.compare import compare, hf_window_scorer, load_oracle, model_window_scorer, perplexity, windows
-from minillm.model import Model
+from minillm.core.model import Model
 
 CLI = [sys.executable, str(ROOT / "cli.py")]
 
@@ -68,7 +68,7 @@ def test_windows_cover_every_token_once():
 def test_perplexity_equals_transformers(default_model_dir):
     text = (ROOT / "tests" / "data" / "lighthouse.txt").read_text()[:1500]
     model = Model.load(default_model_dir, ctx=128)
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     ids = Tokenizer(default_model_dir).encode(text)
     ours = perplexity(model_window_scorer(model), ids, 128, 64)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import minillm
-from minillm.model import Model
+from minillm.core.model import Model
 
 TEXTS = [
     "Hello world",

@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-
 from gguf_tiny import write_gguf
 from hf_tiny import VOCAB, make_checkpoint
-from minillm.gguf_import import import_gguf
-from minillm.model import Model
+
+from minillm.core.model import Model
+from minillm.loading.gguf_import import import_gguf
 
 TOKENS = np.random.default_rng(5).integers(0, VOCAB, size=40)
 SMALL = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
@@ -101,7 +101,7 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
 
 
 def test_stored_formats_decode_and_batch_as_they_prefill(gguf_case):
-    from minillm.cache import KVPool
+    from minillm.core.cache import KVPool
 
     model = Model.load(gguf_case[1])
     full = model.forward(TOKENS, model.new_cache(), all_logits=True)
@@ -142,7 +142,7 @@ def test_vectors_are_read_not_mapped(gguf_case):
     """Norms and biases are read from the file, not taken from its map: touching the map faults
     in the page cache's whole folio around a page, which held megabytes of matrices already
     copied into their grouped layout in this process's memory (gguf_file.GGUFModel._raw)."""
-    from minillm.gguf_file import GGUFModel, tensor_bytes
+    from minillm.loading.gguf_file import GGUFModel, tensor_bytes
 
     _, path, _ = gguf_case
     model = GGUFModel(path)

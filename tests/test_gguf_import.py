@@ -4,11 +4,11 @@ tokenizer transformers builds from the same file."""
 
 import numpy as np
 import pytest
-
 from gguf_tiny import make_vocab, write_gguf
 from hf_tiny import VOCAB, hf_logits, make_checkpoint
-from minillm.gguf_import import import_gguf
-from minillm.model import Model
+
+from minillm.core.model import Model
+from minillm.loading.gguf_import import import_gguf
 
 TOKENS = np.random.default_rng(3).integers(0, VOCAB, size=30)
 
@@ -75,12 +75,12 @@ TEXTS = ["the cat", " and then", "Hello World!", "in the  thin  air", "  leading
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "qwen3"])
 def test_tokenizer_is_the_one_transformers_builds_from_the_file(tmp_path, arch):
     """Our tokenizer.json from GGUF metadata against transformers' tokenizer from the same GGUF."""
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from minillm.gguf_file import Metadata
-    from minillm.gguf_check import check_gguf
-    from minillm.gguf_tokenizer import build_tokenizer_json
-    from tokenizers import Tokenizer
+    from minillm.loading.gguf_check import check_gguf
+    from minillm.loading.gguf_file import Metadata
+    from minillm.loading.gguf_tokenizer import build_tokenizer_json
 
     kind = "bpe" if arch == "qwen3" else "spm"
     vocab = make_vocab(400, kind)

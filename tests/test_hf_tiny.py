@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-
 from hf_tiny import VOCAB, hf_logits, make_checkpoint
-from minillm.model import Model
+
+from minillm.core.model import Model
 
 TOKENS = np.random.default_rng(1).integers(0, VOCAB, size=40)
 
@@ -121,7 +121,7 @@ def test_prefill_then_decode_equals_full_forward(checkpoint, n_prefill):
 
 
 def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
-    import minillm.model as M
+    import minillm.core.model as M
 
     make_checkpoint(tmp_path)
     model = Model.load(tmp_path)
@@ -141,7 +141,7 @@ BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "g
                          + [("gemma3", "int8"), ("gemma3", "bfloat16"), ("olmo2", "int8"), ("qwen3-window", "bfloat16")])
 def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype, case):
     """Sequences of different lengths decoded together give exactly what each gives alone."""
-    from minillm.cache import KVPool
+    from minillm.core.cache import KVPool
 
     make_checkpoint(tmp_path, **BATCH_CASES[case])
     model = Model.load(tmp_path, dtype=dtype)
@@ -169,7 +169,7 @@ def test_decode_equals_prefill_bit_for_bit_with_long_rows(tmp_path, dtype):
     rows go one at a time in two accumulators: odd counts of chunks (129 in the down rows, 3 in
     the hidden rows) leave a last chunk outside the even/odd pairs. int8 rows go one at a time in
     blocks of 32 against int16 activations, with float32 tails of 3 and 16 elements."""
-    from kernels.matmul import LONG_ROW
+    from minillm.kernels.matmul import LONG_ROW
 
     intermediate = LONG_ROW + 32 + 3
     make_checkpoint(tmp_path, intermediate_size=intermediate, hidden_size=112, num_attention_heads=4, num_key_value_heads=2)
@@ -202,7 +202,7 @@ def test_batches_of_four_and_eight_use_register_tiles_and_stay_bit_identical(tmp
     """From four sequences on, decode multiplies weight rows into 4 x 4 register tiles, four
     sequences at a time (kernels.matmul._batch_tiles), the rest one row dot at a time; rows of 48
     and 72 leave tails past the chunks. Every row of the batch equals that sequence decoded alone."""
-    from minillm.cache import KVPool
+    from minillm.core.cache import KVPool
 
     make_checkpoint(tmp_path, tie_word_embeddings=False)
     model = Model.load(tmp_path, dtype=dtype)

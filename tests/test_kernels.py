@@ -7,10 +7,10 @@ import typing
 import numba
 import numpy as np
 import pytest
-
-import kernels as K
 from conftest import ROOT
-from kernels.vector_math import divide, exp_f32
+from minillm.kernels.vector_math import divide, exp_f32
+
+from minillm import kernels as K
 
 RNG = np.random.default_rng(0)
 F32, BF16, I8 = K.BY_NAME["F32"], K.BY_NAME["BF16"], K.BY_NAME["I8"]
@@ -367,9 +367,8 @@ def _pair_sum(p, scale):
 
 
 def test_typed_list_holds_the_arrays_themselves():
+    from minillm.kernels.jit import typed_list
     from numba.typed import List
-
-    from kernels.jit import typed_list
 
     arrays = [np.arange(6, dtype=np.uint8).reshape(2, 3), np.zeros((4, 3), np.uint8)]
     built = typed_list(arrays)
@@ -383,10 +382,10 @@ def test_numba_registries_load_without_scipy_and_cffi():
     run, and both stay importable afterwards. In a fresh process: this one has them loaded."""
     code = (
         "import sys, numpy as np\n"
-        "from kernels.jit import load_numba_registries\n"
+        "from minillm.kernels.jit import load_numba_registries\n"
         "load_numba_registries()\n"
         "assert 'scipy.linalg' not in sys.modules and 'cffi' not in sys.modules\n"
-        "import kernels as K\n"
+        "from minillm import kernels as K\n"
         "x = np.ones((2, 64), np.float32)\n"
         "K.rmsnorm(x, x, np.ones(64, np.float32), 1e-5)\n"
         "assert abs(float(x[0, 0]) - 1.0) < 1e-4\n"
@@ -400,7 +399,7 @@ def test_numba_registries_load_without_scipy_and_cffi():
 
 
 def test_direct_call_keeps_one_entry_per_key_and_gives_the_dispatchers_results():
-    from kernels.jit import DirectCall, array_key
+    from minillm.kernels.jit import DirectCall, array_key
 
     call = DirectCall(_pair_sum)
     floats = _Pair(np.ones(3), np.arange(4.0))

@@ -2,12 +2,11 @@
 
 import numpy as np
 import pytest
-
-import kernels as K
-from minillm.model import Model
-from minillm.tokenizer import Tokenizer
-
 from conftest import ROOT
+
+from minillm import kernels as K
+from minillm.core.model import Model
+from minillm.core.tokenizer import Tokenizer
 
 N_POSITIONS = 256
 

@@ -5,14 +5,14 @@ import threading
 
 import numpy as np
 import pytest
-
 from hf_tiny import VOCAB, make_checkpoint
-from minillm.cache import KVCache
-from minillm.engine import Engine
-from minillm.model import Model
+
+from minillm.core.cache import KVCache
+from minillm.core.engine import Engine
+from minillm.core.model import Model
+from minillm.core.prefix_cache import BLOCK_TOKENS, PrefixCache
+from minillm.core.sampling import SamplingParams
 from minillm.options import Options
-from minillm.prefix_cache import BLOCK_TOKENS, PrefixCache
-from minillm.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -100,7 +100,7 @@ def test_random_interleaving_with_eviction_matches_the_no_cache_engine(model):
 
 def test_store_and_lookup_follow_whole_prefixes():
     """A block matches only after the same earlier blocks; least recently used leaves go first."""
-    from minillm.config import ModelConfig
+    from minillm.loading.config import ModelConfig
 
     cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 50, "hidden_size": 8,
                                  "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})

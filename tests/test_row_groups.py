@@ -3,14 +3,14 @@ every weight (dequantized bit for bit as gguf-py does), activations split into b
 products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
 same bits."""
 
+import minillm.kernels.integer_products as KQ
 import numpy as np
 import pytest
+from gguf_tiny import random_blocks
+from minillm.kernels.gguf_blocks import Q4_0, Q4_K, Q6_K, Q8_0
 from numba import njit
 
-import kernels as K
-import kernels.integer_products as KQ
-from gguf_tiny import random_blocks
-from kernels.gguf_blocks import Q4_0, Q4_K, Q6_K, Q8_0
+from minillm import kernels as K
 
 FORMATS = [Q4_0, Q8_0, Q4_K, Q6_K]
 
@@ -154,11 +154,9 @@ def test_a_nan_activation_reaches_its_outputs_only(fmt):
 def test_every_way_of_summing_bytes_is_exact(way, wide):
     """vpdpbusd, AVX2's byte and word pair sums (levels below 128, and up to 255 as Q8_0's), and
     the plain vectors for other CPUs all give the exact sums."""
-    from llvmlite import ir
+    from minillm.kernels.target import has
     from numba import types
     from numba.extending import intrinsic
-
-    from kernels.target import has
 
     if way == "vnni" and not has("avx512vnni") or way == "avx2" and not has("avx2"):
         pytest.skip(f"this CPU cannot run the {way} way")

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 import minillm
-from minillm.server import create_app
+from minillm.serving.server import create_app
 
 API_KEY = "test-key"
 
@@ -161,7 +161,7 @@ def test_unknown_route(server, client):
 
 
 def test_error_during_a_stream(client, monkeypatch):
-    import minillm.engine as engine_module
+    import minillm.core.engine as engine_module
     from minillm.errors import GenerationError
 
     real = engine_module.sample

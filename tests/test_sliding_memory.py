@@ -4,12 +4,12 @@ a cache that keeps everything, and the prefix cache never hands out a block whos
 
 import numpy as np
 import pytest
-
 from hf_tiny import VOCAB, make_checkpoint
-from minillm.engine import Engine
-from minillm.model import RELEASE_STEP, Model
+
+from minillm.core.engine import Engine
+from minillm.core.model import RELEASE_STEP, Model
+from minillm.core.sampling import SamplingParams
 from minillm.options import Options
-from minillm.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 WINDOW = 8

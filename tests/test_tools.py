@@ -12,8 +12,8 @@ import openai
 import pytest
 
 import minillm
-from minillm.server import create_app
-from minillm.tools import ToolCall, call_grammar, parse_tool_calls, template_format
+from minillm.serving.server import create_app
+from minillm.serving.tools import ToolCall, call_grammar, parse_tool_calls, template_format
 
 TEMPLATE = """{%- if tools %}<|im_start|>system
 {% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from minillm.config import ModelConfig
+from minillm.core.model import rope_inv_freq
+from minillm.core.sampling import SamplingParams, draw, top_p_keep, apply_repetition_penalty, sample
 from minillm.errors import ConfigError, GenerationError, TokenizerError
-from minillm.model import rope_inv_freq
-from minillm.sampling import SamplingParams, _draw, _top_p, apply_repetition_penalty, sample
+from minillm.loading.config import ModelConfig
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -167,7 +167,7 @@ def test_top_p_keeps_the_shortest_best_first_prefix(top_p):
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")
     n = int(np.searchsorted(np.cumsum(probs[order], dtype=np.float64), top_p, side="left")) + 1
-    assert set(np.flatnonzero(_top_p(probs, top_p))) == set(order[:n].tolist())
+    assert set(np.flatnonzero(top_p_keep(probs, top_p))) == set(order[:n].tolist())
 
 
 def test_draw_is_the_inverse_of_the_cumulative_sum():
@@ -181,7 +181,7 @@ def test_draw_is_the_inverse_of_the_cumulative_sum():
     us = np.concatenate([np.arange(int(total)) / total, np.random.default_rng(6).random(500), [1 - 2**-53]])
     for u in us:
         expected = int(np.searchsorted(cumulative, u * total, side="right"))
-        assert _draw(weights, u) == expected and weights[expected] > 0
+        assert draw(weights, u) == expected and weights[expected] > 0
 
 
 def test_repetition_penalty():
@@ -221,7 +221,7 @@ class FakeTokenizer:
 
 
 def test_stream_decoder_keeps_multibyte_characters_whole():
-    from minillm.detokenize import StreamDecoder
+    from minillm.core.detokenize import StreamDecoder
 
     text = "a€b😀c日本"
     decoder = StreamDecoder(FakeTokenizer())
@@ -232,7 +232,7 @@ def test_stream_decoder_keeps_multibyte_characters_whole():
 
 
 def test_text_stream_stop_strings():
-    from minillm.detokenize import TextStream
+    from minillm.core.detokenize import TextStream
 
     class Tokens:
         finish_reason = "length"
@@ -242,7 +242,7 @@ def test_text_stream_stop_strings():
             self.tokens = list(text.encode())
 
         def __iter__(self):
-            from minillm.engine import TokenEvent
+            from minillm.core.engine import TokenEvent
 
             return (TokenEvent(t) for t in self.tokens)
 
@@ -264,7 +264,7 @@ def test_chat_template_sandbox(tmp_path, default_model_dir):
     import json
     import shutil
 
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_dir / name, tmp_path / name)
@@ -279,7 +279,7 @@ def test_chat_template_raise_exception_and_bad_messages(default_model_dir, tmp_p
     import json
     import shutil
 
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_dir / name, tmp_path / name)
@@ -305,7 +305,7 @@ def test_kernels_keep_openmp_spinning_unless_the_user_chose(preset, expected):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | preset
-    code = "import os, kernels; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    code = "import os; from minillm import kernels; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert tuple(None if v == "None" else v for v in out) == (expected if sys.platform.startswith("linux") else (preset.get("OMP_WAIT_POLICY"), preset.get("GOMP_SPINCOUNT")))
 
@@ -315,9 +315,10 @@ def test_kernel_caches_go_stale_with_any_file_of_the_package(tmp_path, monkeypat
     on-disk cache is stamped with all of them: Numba's own stamp (the defining file only) kept
     the old decode kernel's machine code after a change to integer_products.py. The formats'
     compiled kernels (numba cfuncs) are stamped so too."""
-    import kernels
-    from kernels import jit
-    from kernels.forward import forward
+    from minillm.kernels import jit
+    from minillm.kernels.forward import forward
+
+    from minillm import kernels
 
     for dispatcher in (forward, kernels.top_k, kernels.kernels_for(kernels.BY_NAME["Q4_0_R16"]).linear):
         assert isinstance(dispatcher._cache._impl.locator, jit.PackageCacheLocator)
@@ -335,7 +336,7 @@ def test_kernel_caches_stay_where_numba_puts_them(tmp_path):
     import subprocess
     import sys
 
-    code = "import kernels; print(kernels.top_k._cache.cache_path)"
+    code = "from minillm import kernels; print(kernels.top_k._cache.cache_path)"
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert out.startswith(str(tmp_path))
@@ -347,7 +348,7 @@ def test_written_safetensors_put_tensors_on_cache_lines(tmp_path):
     the file back unchanged."""
     from safetensors.numpy import load_file
 
-    from minillm.safetensors_io import SafetensorsFile, write_safetensors
+    from minillm.loading.safetensors_io import SafetensorsFile, write_safetensors
 
     rng = np.random.default_rng(0)
     tensors = {
@@ -371,8 +372,8 @@ def test_weights_start_on_cache_lines(tmp_path, dtype):
     files (padded to 8 bytes) are copied where they are not, converted weights are allocated so."""
     from hf_tiny import make_checkpoint
 
-    from minillm.model import Model
-    from minillm.safetensors_io import SafetensorsFile
+    from minillm.core.model import Model
+    from minillm.loading.safetensors_io import SafetensorsFile
 
     make_checkpoint(tmp_path / "hf", hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
     path = tmp_path / "hf" / "model.safetensors"

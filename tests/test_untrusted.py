@@ -12,15 +12,15 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ROOT
+from hf_tiny import make_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
-from hf_tiny import make_checkpoint
-from minillm.checkpoint import load_checkpoint
 from minillm.errors import CheckpointError, ConfigError, GGUFError, MiniLLMError, TokenizerError
-from minillm.gguf_check import check_gguf
-from minillm.safetensors_io import SafetensorsFile
+from minillm.loading.checkpoint import load_checkpoint
+from minillm.loading.gguf_check import check_gguf
+from minillm.loading.safetensors_io import SafetensorsFile
 
 # ------------------------------------------------------------------ builders
 
@@ -188,8 +188,8 @@ def test_config_not_json(model_copy):
 
 def test_shape_mismatch_rejected_before_any_kernel_runs(model_copy, monkeypatch):
     """A Numba kernel does not check bounds: a wrong shape must never reach one."""
-    import kernels
-    from minillm.model import Model
+    from minillm import kernels
+    from minillm.core.model import Model
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a kernel ran on an unchecked checkpoint")
@@ -270,8 +270,8 @@ def test_malformed_gguf(tmp_path, case):
 def test_long_metadata_arrays_read_when_asked(tmp_path):
     """The tokenizer's long arrays are kept as checked offsets (not ~10 MB of Python objects) and
     read on demand: the same values, and invalid UTF-8 still a GGUFError naming the key."""
-    from minillm.gguf_check import LAZY_ARRAY_MIN, LazyArray
-    from minillm.gguf_file import Metadata
+    from minillm.loading.gguf_check import LAZY_ARRAY_MIN, LazyArray
+    from minillm.loading.gguf_file import Metadata
 
     words = [f"tok{i}\u00e9" for i in range(LAZY_ARRAY_MIN + 5)]
     types = list(range(LAZY_ARRAY_MIN + 5))
@@ -299,7 +299,7 @@ def test_long_metadata_arrays_read_when_asked(tmp_path):
 
 
 def test_gguf_other_architecture_rejected(tmp_path):
-    from minillm.gguf_import import import_gguf
+    from minillm.loading.gguf_import import import_gguf
 
     path = tmp_path / "m.gguf"
     path.write_bytes(gguf_bytes(kvs=[("general.architecture", 8, gguf_string("gpt2"))]))
@@ -318,7 +318,7 @@ def _tokenizer_dir(default_model_dir, tmp_path):
 
 
 def test_malformed_tokenizer_json(default_model_dir, tmp_path):
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     _tokenizer_dir(default_model_dir, tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}')
@@ -327,7 +327,7 @@ def test_malformed_tokenizer_json(default_model_dir, tmp_path):
 
 
 def test_tokenizer_config_not_json(default_model_dir, tmp_path):
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     _tokenizer_dir(default_model_dir, tmp_path)
     (tmp_path / "tokenizer_config.json").write_text("[")
@@ -345,7 +345,7 @@ def test_tokenizer_config_not_json(default_model_dir, tmp_path):
     ],
 )
 def test_hostile_chat_templates(default_model_dir, tmp_path, template, message):
-    from minillm.tokenizer import Tokenizer
+    from minillm.core.tokenizer import Tokenizer
 
     _tokenizer_dir(default_model_dir, tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
@@ -357,8 +357,8 @@ def test_hostile_chat_templates(default_model_dir, tmp_path, template, message):
 
 def test_gguf_merge_that_names_unknown_tokens(tmp_path):
     """A crafted merge list must end as our error, never a crash in the tokenizer builder."""
-    from minillm.gguf_file import Metadata
-    from minillm.gguf_tokenizer import build_tokenizer_json
+    from minillm.loading.gguf_file import Metadata
+    from minillm.loading.gguf_tokenizer import build_tokenizer_json
 
     values = {
         "tokenizer.ggml.model": "gpt2",
@@ -461,7 +461,7 @@ def _read_all_safetensors(path):
 
 
 def _read_all_gguf(path):
-    from minillm.gguf_file import gguf_tensors
+    from minillm.loading.gguf_file import gguf_tensors
 
     layout = check_gguf(path)
     for _, w in gguf_tensors(path, layout):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MiniLLMError
+from ..errors import MiniLLMError
 
 EXTRA = "minillm[structured]"
 
@@ -101,7 +101,7 @@ class Constraint:
 
     def apply(self, logits: np.ndarray) -> None:
         """Set the logits of every token the grammar forbids now to -inf, in place."""
-        import kernels
+        from .. import kernels
 
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         kernels.mask_logits(logits, self._bits)

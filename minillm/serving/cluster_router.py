@@ -1,4 +1,4 @@
-"""Prefix-affinity routing for minillm.cluster: a Ray Serve RequestRouter (imported by path,
+"""Prefix-affinity routing for minillm.serving.cluster: a Ray Serve RequestRouter (imported by path,
 so it lives in a module of its own that needs Ray).
 
 A request goes first to the replica that rendezvous hashing assigns to its first PREFIX_TOKENS

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GGUFError
+from ..errors import GGUFError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

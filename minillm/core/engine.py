@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import ContextLengthError, GenerationError, MiniLLMError
+from ..options import DEFAULTS, Options
 from .cache import KVPool
-from .errors import ContextLengthError, GenerationError, MiniLLMError
 from .model import Model
-from .options import DEFAULTS, Options
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
 from .structured import Constraint
@@ -126,7 +126,7 @@ class RequestHandle:
         except RuntimeError:  # the reader's event loop is closed: nobody will read; stop generating
             self._cancelled.set()
 
-    # the producer's side: the engine thread, or minillm.cluster relaying a replica's stream
+    # the producer's side: the engine thread, or minillm.serving.cluster relaying a replica's stream
     def deliver(self, item) -> None:
         """Hand the reader a TokenEvent, or an exception to raise from its iteration."""
         self._put(item)
@@ -186,7 +186,7 @@ class EngineStats:
 
 class Engine:
     """options: max_batch (sequences decoded together), max_queue (requests allowed to wait) and
-    cache_mb (the prefix cache's budget, minillm.prefix_cache; None: a default from free memory,
+    cache_mb (the prefix cache's budget, minillm.core.prefix_cache; None: a default from free memory,
     0: no prefix cache) of minillm.options.Options."""
 
     def __init__(self, model: Model, options: Options = DEFAULTS):
@@ -218,7 +218,7 @@ class Engine:
         asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
         prompt plus max_tokens must fit the context, as OpenAI's API asks; otherwise generation
         that fills the context stops with "context". max_tokens None: until the context is full.
-        constraint: a grammar the generated text must follow (minillm.structured).
+        constraint: a grammar the generated text must follow (minillm.core.structured).
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-from .cache import KVCache, lazy_zeros
-from .config import ModelConfig
+from ..loading.config import ModelConfig
+from ..memory import lazy_zeros
+from .cache import KVCache
 
 BLOCK_TOKENS = 32
 DEFAULT_BUDGET_FRACTION = 0.2  # of the memory available at start-up

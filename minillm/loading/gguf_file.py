@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import release_pages
-from .errors import ConfigError, GGUFError
+from ..errors import ConfigError, GGUFError
+from ..memory import release_pages
 from .gguf_check import GGUFLayout, LazyArray, TensorEntry, check_gguf
 
 # GGUF `general.architecture` -> HF architecture
@@ -77,8 +77,8 @@ class GGUFModel:
     """A GGUF file as an HF model: `config` (config.json fields), tensors by HF name."""
 
     def __init__(self, path: str | Path):
-        from .checkpoint import check_tensor_set, expected_shapes
         from .config import ModelConfig
+        from .tensor_names import check_tensor_set, expected_shapes
 
         self.path = Path(path)
         self.layout: GGUFLayout = check_gguf(self.path)

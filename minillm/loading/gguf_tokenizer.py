@@ -14,7 +14,7 @@ Control tokens become special tokens and user-defined ones added tokens, so neit
 
 from __future__ import annotations
 
-from .errors import GGUFError
+from ..errors import GGUFError
 
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4
 SPACE = "\u2581"  # SentencePiece's visible space
@@ -159,7 +159,7 @@ def _sentencepiece(meta, tokens: list[str], arch: str):
     """SentencePiece BPE with byte fallback. Llama's spelling: a space prepended, spaces as "▁"
     (Metaspace); Phi-3 the same through a normalizer; Gemma no prefix space, and a token of
     several spaces stored as real spaces is looked up as that many "▁"."""
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+    from tokenizers import decoders, normalizers, pre_tokenizers
 
     gemma = arch.startswith("gemma")
     if gemma:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import CACHE_LINE
-from .errors import CheckpointError
+from ..errors import CheckpointError
+from ..memory import CACHE_LINE
 
 MAX_HEADER_BYTES = 100_000_000
 

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels import top_k
-
-from .errors import GenerationError
+from ..errors import GenerationError
+from ..kernels import top_k
 
 # The draw finds its block of this many tokens by block sums, then its token by a cumulative sum
 # inside that block. OpenAI's defaults (no top-k, top-p 1) sample from the whole vocabulary, on
@@ -135,11 +134,11 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
     probs /= probs.sum()
 
     if params.top_p < 1.0:
-        candidates, probs = _kept(candidates, probs, _top_p(probs, params.top_p))
+        candidates, probs = _kept(candidates, probs, top_p_keep(probs, params.top_p))
     if params.min_p > 0.0:
         candidates, probs = _kept(candidates, probs, probs >= params.min_p * probs.max())
 
-    i = _draw(probs, rng.random())
+    i = draw(probs, rng.random())
     return i if candidates is None else int(candidates[i])
 
 
@@ -148,7 +147,7 @@ def _kept(candidates: np.ndarray | None, probs: np.ndarray, keep: np.ndarray):
     return (np.flatnonzero(keep) if candidates is None else candidates[keep]), probs[keep]
 
 
-def _draw(weights: np.ndarray, u: float) -> int:
+def draw(weights: np.ndarray, u: float) -> int:
     """The index whose span of the cumulative sum of `weights` (>= 0, some > 0) holds u * their
     total, u in [0, 1): never a zero weight. Block sums, then one block's cumulative sum."""
     n = len(weights)
@@ -175,7 +174,7 @@ def _first_above(cumulative: np.ndarray, target: float, parts: np.ndarray) -> in
     return i if i < len(cumulative) else int(np.flatnonzero(parts > 0)[-1])
 
 
-def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+def top_p_keep(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Which tokens top-p keeps: the fewest most probable ones whose mass reaches top_p (at least
     one), and any tied with the least probable of them. Found from the sorted values, so no
     argsort: a stable argsort of 49152 tokens took ~5-9 ms per token, more than a decode step."""

@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .errors import GGUFError
+from ..errors import GGUFError
 from .gguf_file import GGUFModel, write_text_files
 from .safetensors_io import write_safetensors
 

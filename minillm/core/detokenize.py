@@ -1,6 +1,6 @@
 """From generated token ids to text: streaming detokenization and stop strings.
 
-Tokens come from the engine (minillm.engine). `StreamDecoder` turns them into text as it becomes
+Tokens come from the engine (minillm.core.engine). `StreamDecoder` turns them into text as it becomes
 final (characters split over byte-level tokens come out whole), `TextAssembler` adds stop strings,
 one token at a time (the server), and `TextStream` iterates a request's text pieces (the Python
 API and the CLI).
@@ -96,7 +96,7 @@ class TextStream:
     filled up). Abandoning the iteration cancels the request."""
 
     def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = ()):
-        self.handle = handle  # minillm.engine.RequestHandle
+        self.handle = handle  # minillm.core.engine.RequestHandle
         self.assembler = TextAssembler(tokenizer, stop)
         self.finish_reason: str | None = None
 

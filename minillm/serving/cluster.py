@@ -7,11 +7,11 @@ Two deployments:
   `num_cpus` = NUMBA_NUM_THREADS = --threads-per-replica, taking at most its batch slots at once
   (max_ongoing_requests). `generate` streams a request's tokens; Ray's health check asks whether
   the engine thread is alive.
-- the ingress: minillm's own FastAPI app (minillm.server), unchanged, over a RemoteLLM that
+- the ingress: minillm's own FastAPI app (minillm.serving.server), unchanged, over a RemoteLLM that
   tokenizes, renders chat templates and checks prompts locally and sends token ids to a replica.
   So every endpoint, error shape, stream and the API key behave as the single server's.
 
-Routing (minillm.cluster_router, a Ray Serve RequestRouter running in the ingress): a request goes
+Routing (minillm.serving.cluster_router, a Ray Serve RequestRouter running in the ingress): a request goes
 to the replica that rendezvous hashing assigns to its first prompt tokens, so a chat's turns and
 the chats sharing a system prompt meet the same replica's prefix cache; when that replica's slots
 are all taken, to the least loaded other one. /metrics counts both.
@@ -27,13 +27,12 @@ import os
 import signal
 import threading
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .engine import QueueFullError, RequestHandle, TokenEvent, check_prompt
-from .options import Options
-from .errors import GenerationError, MiniLLMError, UsageError
+from ..core.engine import QueueFullError, RequestHandle, TokenEvent, check_prompt
+from ..errors import GenerationError, MiniLLMError, UsageError
+from ..options import Options
 
 APP_NAME = "minillm"
 EXTRA = 'pip install "minillm[cluster]"'
@@ -119,7 +118,7 @@ class _RemoteHandle(RequestHandle):
 
 
 class RemoteEngine:
-    """What minillm.server reads of an Engine, over the replicas: submit, and counters summed
+    """What minillm.serving.server reads of an Engine, over the replicas: submit, and counters summed
     from each replica's latest report (sent at the end of each of its requests)."""
 
     def __init__(self, handle, vocab_size: int, ctx: int, capacity: int):
@@ -181,7 +180,7 @@ class RemoteEngine:
         if preferred is not None:
             self.routing["affinity" if preferred == replica else "fallback"] += 1
 
-    # the counters minillm.server's /metrics reads, summed over the replicas' reports
+    # the counters minillm.serving.server's /metrics reads, summed over the replicas' reports
     def _sum(self, key: str):
         return sum(r.get(key, 0) for r in self.reports.values())
 
@@ -233,7 +232,7 @@ class RemoteEngine:
 
 
 def _remote_error(kind: str, message: str, param) -> MiniLLMError:
-    from . import errors
+    from .. import errors
 
     cls = getattr(errors, kind, None) or (QueueFullError if kind == "QueueFullError" else None)
     if not (isinstance(cls, type) and issubclass(cls, MiniLLMError)):
@@ -248,13 +247,13 @@ def _remote_error(kind: str, message: str, param) -> MiniLLMError:
 
 
 class RemoteLLM:
-    """What minillm.server reads of an LLM, in the ingress: the tokenizer, chat template, grammar
+    """What minillm.serving.server reads of an LLM, in the ingress: the tokenizer, chat template, grammar
     compiler and prompt checks are local (the model's tokenizer files are read here); generating
     and embedding go to the replicas."""
 
     def __init__(self, options: Options, handle, replicas: int, deployment: str):
-        from .api import LLMFiles, tokenizer_files
-        from .config import ModelConfig
+        from ..api import LLMFiles, tokenizer_files
+        from ..loading.config import ModelConfig
 
         self.model_dir, config_file = tokenizer_files(options.model)
         cfg = ModelConfig.from_file(config_file)
@@ -321,7 +320,7 @@ def build_app(options: Options):
         ray_actor_options={"num_cpus": threads, "runtime_env": {"env_vars": {"NUMBA_NUM_THREADS": str(threads)}}},
         max_ongoing_requests=options.max_batch, health_check_period_s=5, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=options.shutdown_timeout,
-        request_router_config=RequestRouterConfig(request_router_class="minillm.cluster_router:PrefixAffinityRouter"),
+        request_router_config=RequestRouterConfig(request_router_class="minillm.serving.cluster_router:PrefixAffinityRouter"),
         **scaling,
     ).bind(options.replace(threads=threads))
 
@@ -371,10 +370,10 @@ def run(options: Options, on_ready=None) -> None:
 
 
 def deployment_app(args: dict):
-    """An application builder for Ray's own tooling: `serve run minillm.cluster:deployment_app
+    """An application builder for Ray's own tooling: `serve run minillm.serving.cluster:deployment_app
     model=/models/x.gguf replicas=4`, or a KubeRay RayService's serveConfigV2 (import_path, args).
     args: minillm.options.Options by name (model, model_name, api_key, replicas, threads (per
     replica), autoscale as "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype,
     cache_mb, check_weights, shutdown_timeout), as strings or values; any other name is an error
     that names it."""
-    return build_app(Options.from_strings(args, where="minillm.cluster:deployment_app"))
+    return build_app(Options.from_strings(args, where="minillm.serving.cluster:deployment_app"))

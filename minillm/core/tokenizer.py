@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 
 
 class Tokenizer:
@@ -65,7 +65,8 @@ class Tokenizer:
             if not isinstance(m.get("content"), str) and not (m.get("content") is None and m.get("tool_calls")):
                 raise TokenizerError("each chat message needs a string 'content' (or tool_calls)")
         template = _compile_template(self.chat_template)
-        from jinja2.exceptions import SecurityError, TemplateError as JinjaError
+        from jinja2.exceptions import SecurityError
+        from jinja2.exceptions import TemplateError as JinjaError
 
         try:
             return template.render(

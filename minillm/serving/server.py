@@ -7,7 +7,7 @@ GET / is a chat page (minillm/static/chat.html). POST /v1/completions, POST /v1/
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
 Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 for any invalid
 request (never 422), 401 for a wrong API key, 404 for an unknown route, 429 when the queue is full.
-Request schemas and response shapes live in minillm.openai_protocol.
+Request schemas and response shapes live in minillm.serving.openai_protocol.
 """
 
 from __future__ import annotations
@@ -24,16 +24,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..api import LLM
+from ..core.detokenize import TextAssembler
+from ..core.engine import QueueFullError, RequestHandle, TokenEvent
+from ..core.structured import StructuredOutputError, response_format_constraint
+from ..errors import ContextLengthError, MiniLLMError
+from ..options import Options
 from . import openai_protocol as oai
-from .api import LLM
-from .detokenize import TextAssembler
-from .engine import QueueFullError, RequestHandle, TokenEvent
-from .options import Options
-from .errors import ContextLengthError, MiniLLMError
 from .openai_protocol import (
-    APIError, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SamplingRequest, TokenizeRequest,
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    SamplingRequest,
+    TokenizeRequest,
 )
-from .structured import StructuredOutputError, response_format_constraint
 from .tools import call_grammar, check_tools, forced_names, parse_tool_calls, template_format, template_messages
 
 MAX_PROMPT_CHARS_PER_TOKEN = 64
@@ -157,7 +163,7 @@ async def _merged(streams: list[AsyncIterator]) -> AsyncIterator:
 
 class ChatTools:
     """A chat request's tools: what the template gets, the grammar a forced call follows, and
-    reading calls back from the reply (minillm.tools). A template without tools is a 400."""
+    reading calls back from the reply (minillm.serving.tools). A template without tools is a 400."""
 
     def __init__(self, service: "Service", body: ChatRequest):
         self.active = bool(body.tools) and body.tool_choice != "none"

@@ -1,6 +1,6 @@
 """The OpenAI wire format: request schemas (pydantic) and pure builders of response objects.
 
-Nothing here touches the engine or the network: the server (minillm.server) validates a request
+Nothing here touches the engine or the network: the server (minillm.serving.server) validates a request
 with these schemas, runs it, and shapes what comes back with these builders, so completions and
 chat build their chunks, logprobs, usage and server-sent events the same way.
 """
@@ -12,8 +12,8 @@ from typing import Callable, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .engine import TokenEvent
-from .sampling import SamplingParams
+from ..core.engine import TokenEvent
+from ..core.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16  # n: samples of one prompt

@@ -6,7 +6,7 @@ Formats, chosen from the template's own text:
     mistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
     llama3   {"name": ..., "parameters": {...}}, the whole reply (Llama 3.1+, optionally after <|python_tag|>)
 tool_choice "required" or a named function constrains the reply to one such call whose arguments
-follow the function's JSON schema (a Lark grammar with an embedded JSON schema, minillm.structured),
+follow the function's JSON schema (a Lark grammar with an embedded JSON schema, minillm.core.structured),
 so they always parse.
 """
 
@@ -17,7 +17,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from .structured import StructuredOutputError, strict_schema
+from ..core.structured import StructuredOutputError, strict_schema
 
 FORMATS = ("hermes", "mistral", "llama3")
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-import kernels as K
-from kernels.forward import MATRIX_KINDS, STEPS, forward, step_kernels
-from kernels.jit import CompileNotice, DirectCall, array_key
-
-from .cache import KVCache, aligned_zeros
-from .checkpoint import Weights, load_checkpoint
-from .config import ModelConfig, RopeScaling
-from .errors import ConfigError, GenerationError, UsageError
+from .. import kernels as K
+from ..errors import ConfigError, GenerationError, UsageError
+from ..kernels.forward import MATRIX_KINDS, STEPS, forward, step_kernels
+from ..kernels.jit import CompileNotice, DirectCall, array_key
+from ..loading.checkpoint import Weights, load_checkpoint
+from ..loading.config import ModelConfig, RopeScaling
+from ..memory import aligned_zeros
+from .cache import KVCache
 from .threads import StepTimer, ThreadTuner
 
 PREFILL_CHUNK = 256
@@ -291,7 +291,7 @@ class Model:
     def _run(self, rows: "K.Rows", k: np.ndarray, v: np.ndarray) -> None:
         """kernels.forward on this model's weights; its argument types are fixed but for the caches'."""
         key = (array_key(k), array_key(v))
-        with self._steps.step(len(rows.tokens)):  # on as many threads as pay (minillm.threads)
+        with self._steps.step(len(rows.tokens)):  # on as many threads as pay (minillm.core.threads)
             self._call(key, rows, self._kernel_weights, self._ws, k, v, self.cos, self.sin)
 
     def release_outside_windows(self, cache: KVCache) -> None:

@@ -1,0 +1,118 @@
+"""The code's shape: no import cycles, no module reaching into another's private names, short
+functions outside the kernels, and an install that adds nothing to site-packages but minillm."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def package_modules() -> dict[str, Path]:
+    """minillm's modules by dotted name, the checkout's kernels/ as minillm.kernels."""
+    out = {}
+    for path in [*(ROOT / "minillm").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[0] == "kernels":
+            parts.insert(0, "minillm")
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module an `from x import y` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+MODULES = package_modules()
+TREES = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+
+
+def test_no_import_cycles():
+    """Module-level imports between minillm's modules form no cycle (a function may import
+    lazily, which is not a cycle at import time)."""
+    edges = {}
+    for name, tree in TREES.items():
+        targets = set()
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                base = imported(name, MODULES[name], node)
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        edges[name] = {t for t in targets if t in MODULES and t != name}
+    done, path = set(), []
+
+    def visit(node):
+        if node in path:
+            pytest.fail("import cycle: " + " -> ".join(path[path.index(node):] + [node]))
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for name in sorted(edges):
+        visit(name)
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and imported(name, MODULES[name], node) != name:
+                found += [(name, a.name) for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found
+
+
+def test_functions_outside_the_kernels_are_short():
+    """Around 80 lines at most: a longer function is two ideas (kernels, whose IR builders unroll
+    loops by design, are exempt)."""
+    long = []
+    for name, tree in TREES.items():
+        if name.startswith("minillm.kernels"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append((name, node.name, node.end_lineno - node.lineno + 1))
+    assert not long
+
+
+@pytest.mark.slow
+def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
+    """`pip install .` (not editable) beside Hugging Face's `kernels` from PyPI: only minillm, its
+    dist-info and its console script land; `import kernels` stays theirs; `minillm generate` runs.
+    The venv sees this machine's packages (numpy, numba, .. and the default model's wheel)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                               text=True, check=True).stdout.strip())
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["--no-deps", "kernels"], check=True, capture_output=True)
+    before = set(os.listdir(site))
+    bin_before = set(os.listdir(venv / "bin"))
+    subprocess.run(pip + ["--no-deps", str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    added = set(os.listdir(site)) - before
+    assert len(added) == 2 and "minillm" in added and any(n.startswith("minillm-") and n.endswith(".dist-info") for n in added), added
+    assert set(os.listdir(venv / "bin")) - bin_before == {"minillm"}
+    assert (site / "minillm" / "kernels" / "forward.py").is_file() and not (site / "kernels" / "forward.py").exists()
+    theirs = subprocess.run([python, "-c", "import kernels, importlib.metadata as m; print(kernels.__file__, m.version('kernels'))"],
+                            capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert str(site / "kernels") in theirs
+    env = dict(os.environ, MINILLM_WEIGHTS=str(ROOT / "weights"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    out = subprocess.run([venv / "bin" / "minillm", "generate", "--prompt", "The capital of France is", "--max-tokens", "4",
+                          "--temperature", "0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
