@@ -25,16 +25,8 @@ from .gguf_blocks import block_rows, dequantize_block_row
 from .integer_products import grouped_row_get, grouped_rows
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import chunked_len, row_get, weight_at
-from .row_products import (
-    bf16_tile_dot_4x4,
-    int8_tile_dot_4x4,
-    row_dot,
-    rows_dot4,
-    streamed_bf16_tile_dot_4x4,
-    streamed_tile_dot_4x4,
-    tile_dot_4x4,
-    weight_dot_chunks,
-)
+from .row_products import bf16_tile_dot, int8_tile_dot, row_dot, rows_dot4, streamed_bf16_tile_dot, streamed_tile_dot, tile_dot, weight_dot_chunks
+from .vector_ir import tile_shape
 from .work_sharing import claim, start_claims
 
 ROWS_PER_TASK = 16  # a grouped layout's 16 rows; two halves of 8 in prefill
@@ -80,7 +72,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     if x.shape[0] < PANEL_TOKENS:
         _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
     else:
-        table = scratch[: 16 * (K // 32)]  # int8 tiles' scale products
+        table = scratch[: TILE_ROWS * TILE_TOKENS * (K // 32)]  # int8 tiles' scale products
         for r0 in range(n0, n1, HALF_TASK):
             sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
 
@@ -109,14 +101,17 @@ def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full):
             out[b, col + i] = total
 
 
+TILE_ROWS, TILE_TOKENS = tile_shape()  # weight rows x rows of x of a register tile on this target
+
+
 def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full):
-    """Rows n0.. against four or more rows of x in 4 x 4 register tiles, four rows of x at a time:
-    each chunk of the weight rows is loaded once into registers for them, 16 accumulators sharing
-    8 loads, the rows prefetched into L2 as they stream from memory (default model float32, 8
-    sequences: 2.7x one sequence's tokens/s with row dots, 4.5x with these tiles). The next four
-    rows of x find the weights in L1. The same sums as every other path, tails added in sequence.
-    Returns the first weight row left for the row products: n0 for fewer than four rows of x, and
-    for int8 weights, whose tile needs a scratch table."""
+    """Rows n0.. against TILE_TOKENS or more rows of x in register tiles (vector_ir.tile_shape:
+    4 x 4 with AVX-512, 2 x 3 with AVX2), TILE_TOKENS rows of x at a time: each chunk of the
+    weight rows is loaded once into registers for them, the rows prefetched into L2 as they
+    stream from memory (default model float32, 8 sequences: 2.7x one sequence's tokens/s with
+    row dots, 4.5x with 4 x 4 tiles). The next rows of x find the weights in L1. The same sums as
+    every other path, tails added in sequence. Returns the first weight row left for the row
+    products: n0 for fewer rows of x, and for int8 weights, whose tile needs a scratch table."""
     raise NotImplementedError
 
 
@@ -128,104 +123,93 @@ def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full):
     def tiles(out, col, w, s, n0, n1, x, xc, xs, full):
         B = x.shape[0]
         n = n0
-        if B < 4:
+        if B < TILE_TOKENS:
             return n
-        while n + 4 <= n1:
+        while n + TILE_ROWS <= n1:
             b = 0
-            while b + 4 <= B:
-                d = streamed_tile(w, s, n, xc, b)
-                # literal indices: a tuple indexed at run time is slow
-                store4(out, b, col + n, d[0], d[1], d[2], d[3], w, s, n, x, full)
-                store4(out, b + 1, col + n, d[4], d[5], d[6], d[7], w, s, n, x, full)
-                store4(out, b + 2, col + n, d[8], d[9], d[10], d[11], w, s, n, x, full)
-                store4(out, b + 3, col + n, d[12], d[13], d[14], d[15], w, s, n, x, full)
-                b += 4
+            while b + TILE_TOKENS <= B:
+                streamed_tile(out, b, col + n, w, s, n, xc, b)
+                _add_tails(out, b, col + n, TILE_TOKENS, TILE_ROWS, w, s, n, x, full)
+                b += TILE_TOKENS
             for bb in range(b, B):  # the rows of x a tile left, one dot product at a time
-                for i in range(n, n + 4):
+                for i in range(n, n + TILE_ROWS):
                     total = weight_dot_chunks(w, s, i, xc[bb], xs[bb])
                     for k in range(full, w.shape[1]):
                         total += weight_at(w, s, i, k) * activation(w, x[bb, k])
                     out[bb, col + i] = total
-            n += 4
+            n += TILE_ROWS
         return n
 
     return tiles
 
 
-def streamed_tile(w, s, n, xo, t):
-    """Rows n..n+3 of float32 or bfloat16 weights against rows t..t+3 of xo: 16 sums token-major,
-    each equal to the decode's dot product; the rows below prefetched into L2
-    (row_products.TILES_AHEAD), as decode's batches read them from memory."""
+def streamed_tile(out, t_out, c_out, w, s, n, xo, t):
+    """Weight rows n.. of float32 or bfloat16 weights against rows t.. of xo in a register tile,
+    the sums stored into out[t_out + g, c_out + r], each equal to the decode's dot product; the
+    rows below prefetched into L2 (row_products.TILES_AHEAD), as decode's batches read them."""
     raise NotImplementedError
 
 
 @overload(streamed_tile)
-def _streamed_tile(w, s, n, xo, t):
+def _streamed_tile(out, t_out, c_out, w, s, n, xo, t):
     if w.dtype == types.float32:
-        return lambda w, s, n, xo, t: streamed_tile_dot_4x4(w, n, xo, t)
+        return lambda out, t_out, c_out, w, s, n, xo, t: streamed_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
     if w.dtype == types.uint16:
-        return lambda w, s, n, xo, t: streamed_bf16_tile_dot_4x4(w, n, xo, t)
+        return lambda out, t_out, c_out, w, s, n, xo, t: streamed_bf16_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
     return None
 
 
-def prepared_tile_4x4(w, s, n, xo, xs, t, table):
-    """Rows n..n+3 of w against rows t..t+3 of xo, chunk_operand's activations (xs: their int8
-    block scales): 16 sums over the full chunks, row-major by token, each equal to the decode's
-    dot product. table: float32 scratch of 16 per block of 32 (int8's scale products)."""
+def prepared_tile(out, t_out, c_out, w, s, n, xo, xs, t, table):
+    """Weight rows n.. against rows t.. of xo, chunk_operand's activations (xs: their int8 block
+    scales), in a register tile over the full chunks, stored as streamed_tile's, each equal to
+    the decode's dot product. table: float32 scratch of 16 per block of 32 (int8's scale
+    products)."""
     raise NotImplementedError
 
 
-@overload(prepared_tile_4x4)
-def _prepared_tile_4x4(w, s, n, xo, xs, t, table):
+@overload(prepared_tile)
+def _prepared_tile(out, t_out, c_out, w, s, n, xo, xs, t, table):
     if w.dtype == types.float32:
-        return lambda w, s, n, xo, xs, t, table: tile_dot_4x4(w, n, xo, t)
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table: tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
     if w.dtype == types.uint16:
-        return lambda w, s, n, xo, xs, t, table: bf16_tile_dot_4x4(w, n, xo, t)
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table: bf16_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
     if w.dtype == types.int8:
-        return lambda w, s, n, xo, xs, t, table: int8_tile_dot_4x4(w, s, n, xo, xs, t, table)
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table: int8_tile_dot(out, t_out, c_out, w, s, n, xo, xs, t, table,
+                                                                                   TILE_ROWS, TILE_TOKENS)
 
 
 @njit(fastmath=EXACT_MATH, cache=True)
 def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
     """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every row of x: register tiles
-    of 4 rows of x x 4 weight rows (prepared_tile_4x4), then the rows left over, a row_dot each."""
+    of TILE_TOKENS rows of x by TILE_ROWS weight rows (prepared_tile), then the rows left over, a
+    row_dot each."""
     T = x.shape[0]
     t = 0
-    while t + 4 <= T:
+    while t + TILE_TOKENS <= T:
         r = r0
-        while r + 4 <= r1:
-            # literal indices below: a tuple indexed at run time is slow
-            d = prepared_tile_4x4(w, s, r, xc, xs, t, table)
-            store4(out, t, col + r, d[0], d[1], d[2], d[3], w, s, r, x, full)
-            store4(out, t + 1, col + r, d[4], d[5], d[6], d[7], w, s, r, x, full)
-            store4(out, t + 2, col + r, d[8], d[9], d[10], d[11], w, s, r, x, full)
-            store4(out, t + 3, col + r, d[12], d[13], d[14], d[15], w, s, r, x, full)
-            r += 4
+        while r + TILE_ROWS <= r1:
+            prepared_tile(out, t, col + r, w, s, r, xc, xs, t, table)
+            _add_tails(out, t, col + r, TILE_TOKENS, TILE_ROWS, w, s, r, x, full)
+            r += TILE_ROWS
         for r in range(r, r1):  # the last rows of a partial block
-            for tt in range(t, t + 4):
+            for tt in range(t, t + TILE_TOKENS):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
-        t += 4
-    for tt in range(t, T):  # the last T % 4 rows of x
+        t += TILE_TOKENS
+    for tt in range(t, T):  # the last rows of x
         for r in range(r0, r1):
             out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
 
 
-@njit(fastmath=EXACT_MATH, cache=True)  # LLVM inlines it
-def store4(out, t, n, s0, s1, s2, s3, w, s, r, x, full):
-    """out[t, n..n+3] = the four sums of row t of x against weight rows r..r+3, tails added (x[t, k]
-    past `full`, in sequence, as row_dot adds them)."""
-    out[t, n] = _finish(s0, w, s, r, x, t, full)
-    out[t, n + 1] = _finish(s1, w, s, r + 1, x, t, full)
-    out[t, n + 2] = _finish(s2, w, s, r + 2, x, t, full)
-    out[t, n + 3] = _finish(s3, w, s, r + 3, x, t, full)
-
-
 @njit(fastmath=EXACT_MATH, cache=True)
-def _finish(total, w, s, r, x, t, full):
-    """Add the tail past the full chunks in sequence, as row_dot does."""
-    for k in range(full, x.shape[1]):
-        total += weight_at(w, s, r, k) * activation(w, x[t, k])
-    return total
+def _add_tails(out, t, c, G, R, w, s, r, x, full):
+    """Add each tile sum's tail past the full chunks in sequence, as row_dot does: x[t + g, k] for
+    k from `full` against weight row r + j, into out[t + g, c + j]."""
+    for g in range(G):
+        for j in range(R):
+            total = out[t + g, c + j]
+            for k in range(full, x.shape[1]):
+                total += weight_at(w, s, r + j, k) * activation(w, x[t + g, k])
+            out[t + g, c + j] = total
 
 
 # ---------------------------------------------------------------- GGUF blocks

@@ -50,7 +50,7 @@ from .vector_ir import (
     reduce_tree,
     round_bf16_chunk,
     splat,
-    tile_4x4,
+    tile_sums,
 )
 
 
@@ -211,83 +211,97 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
 TILES_AHEAD = 2
 
 
+def _store_sums(context, builder, oty, out, t_out, c_out, sums, R, G):
+    """out[t_out + g, c_out + r] = sums[R g + r]."""
+    oarr = context.make_array(oty)(context, builder, out)
+    width = builder.extract_value(oarr.shape, 1)
+    for g in range(G):
+        row = builder.gep(oarr.data, [builder.add(builder.mul(builder.add(t_out, I64(g)), width), c_out)], source_etype=F32)
+        for r in range(R):
+            builder.store(sums[R * g + r], builder.gep(row, [I64(r)], source_etype=F32))
+
+
 def _dense_tile(bf16, prefetch=False):
-    """An intrinsic for rows n..n+3 of float32 (or bfloat16 bits, against bfloat16 tokens) and
-    tokens t..t+3, over the full chunks: 16 sums, each equal to weight_dot_chunks of the pair
-    (the same steps and tree), token-major: (t, n), (t, n+1), .., (t+3, n+3).
+    """An intrinsic tile(out, t_out, c_out, w, n, x, t, R, G) for rows n..n+R-1 of float32 (or
+    bfloat16 bits, against bfloat16 tokens) and rows t..t+G-1 of x, over the full chunks: R x G
+    sums, each equal to weight_dot_chunks of the pair (the same steps and tree), stored into
+    out[t_out + g, c_out + r]. R, G: compile-time constants (vector_ir.tile_shape).
     prefetch: ask for the rows TILES_AHEAD tiles below (rows that stream from memory: decode)."""
 
-    def typer(typingctx, w, n, x, t):
-        sig = types.UniTuple(types.float32, 16)(w, n, x, t)
+    def typer(typingctx, out, t_out, c_out, w, n, x, t, R, G):
+        nr, ng = getattr(R, "literal_value", None), getattr(G, "literal_value", None)
+        if not nr or not ng:
+            return None
+        sig = types.void(out, t_out, c_out, w, n, x, t, R, G)
 
         def codegen(context, builder, signature, args):
-            warr = context.make_array(signature.args[0])(context, builder, args[0])
-            xarr = context.make_array(signature.args[2])(context, builder, args[2])
+            warr = context.make_array(signature.args[3])(context, builder, args[3])
+            xarr = context.make_array(signature.args[5])(context, builder, args[5])
             wK, K = builder.extract_value(warr.shape, 1), builder.extract_value(xarr.shape, 1)
-            n0, t0 = as_i64(builder, args[1], None), as_i64(builder, args[3], None)
+            n0, t0 = as_i64(builder, args[4], None), as_i64(builder, args[6], None)
             elem = I16 if bf16 else F32
-            rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(4)]
-            toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(4)]
+            rows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), wK)], source_etype=elem) for r in range(nr)]
+            toks = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(g)), K)], source_etype=elem) for g in range(ng)]
             # the same place in the rows TILES_AHEAD tiles below, where this stream of tiles reads
             # next: PREFETCH_BYTES ahead lands inside the tile's own rows when they are short
-            ahead = builder.mul(wK, I64(4 * TILES_AHEAD)) if prefetch else None
+            ahead = builder.mul(wK, I64(nr * TILES_AHEAD)) if prefetch else None
             if bf16:
-                result = tile_4x4(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
-                                  prefetch_ahead=ahead)
+                sums = tile_sums(builder, rows, toks, wK, load=load_bf16_chunk, term=dpbf16, chunk=BF16_CHUNK, accs=BF16_ACCS,
+                                 prefetch_ahead=ahead)
             else:
-                result = tile_4x4(builder, rows, toks, K, prefetch_ahead=ahead)
-            sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
-            return context.make_tuple(builder, signature.return_type, sums)
+                sums = tile_sums(builder, rows, toks, K, prefetch_ahead=ahead)
+            _store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None),
+                        sums, nr, ng)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return intrinsic(typer)
+    return intrinsic(prefer_literal=True)(typer)
 
 
-tile_dot_4x4 = _dense_tile(bf16=False)  # float32 rows x float32 tokens
-bf16_tile_dot_4x4 = _dense_tile(bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
-streamed_tile_dot_4x4 = _dense_tile(bf16=False, prefetch=True)  # decode's batches of 4 and more
-streamed_bf16_tile_dot_4x4 = _dense_tile(bf16=True, prefetch=True)
+tile_dot = _dense_tile(bf16=False)  # float32 rows x float32 tokens
+bf16_tile_dot = _dense_tile(bf16=True)  # bfloat16 rows x tokens rounded to bfloat16 (round_bf16_chunks)
+streamed_tile_dot = _dense_tile(bf16=False, prefetch=True)  # decode's batches
+streamed_bf16_tile_dot = _dense_tile(bf16=True, prefetch=True)
 
 
-@intrinsic
-def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
-    """int8 weight rows n..n+3 (scales s) against tokens t..t+3 of xq, quantized per block with
-    scales xs (quantize_blocks), over the full blocks: 16 sums, each equal to weight_dot_chunks of
-    the pair. Returns them row-major by token, as tile_dot_4x4.
+@intrinsic(prefer_literal=True)
+def int8_tile_dot(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G):
+    """int8 weight rows n..n+R-1 (scales s) against rows t..t+G-1 of xq, quantized per block with
+    scales xs (quantize_blocks), over the full blocks: R x G sums, each equal to
+    weight_dot_chunks of the pair, stored as _dense_tile's.
 
-    The 16 scale products of a block (weight scale * token scale, as int8_block_term forms them)
-    are made first, 16 to a vector, into `table` (float32, 16 per block); the main loop then
-    broadcasts them from memory. Formed inside it, they took a quarter of the loop's arithmetic.
+    The R x G scale products of a block (weight scale * token scale, as int8_block_term forms
+    them) are made first into `table` (float32, R x G per block); the main loop then broadcasts
+    them from memory. Formed inside it, they took a quarter of the loop's arithmetic.
     """
-    sig = types.UniTuple(types.float32, 16)(w, s, n, xq, xs, t, table)
+    nr, ng = getattr(R, "literal_value", None), getattr(G, "literal_value", None)
+    if not nr or not ng:
+        return None
+    sig = types.void(out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
 
     def codegen(context, builder, signature, args):
-        wty, sty, _, xty, xsty, _, tty = signature.args
-        warr, sarr = context.make_array(wty)(context, builder, args[0]), context.make_array(sty)(context, builder, args[1])
-        xarr, xsarr = context.make_array(xty)(context, builder, args[3]), context.make_array(xsty)(context, builder, args[4])
-        ptab = data_ptr(context, builder, tty, args[6], I64(0), F32)
+        wty, sty, _, xty, xsty, _, tty = signature.args[3:10]
+        warr, sarr = context.make_array(wty)(context, builder, args[3]), context.make_array(sty)(context, builder, args[4])
+        xarr, xsarr = context.make_array(xty)(context, builder, args[6]), context.make_array(xsty)(context, builder, args[7])
+        ptab = data_ptr(context, builder, tty, args[9], I64(0), F32)
         K, KB = builder.extract_value(warr.shape, 1), builder.extract_value(sarr.shape, 1)
         XB = builder.extract_value(xsarr.shape, 1)
-        n0, t0 = as_i64(builder, args[2], None), as_i64(builder, args[5], None)
-        wrows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), K)], source_etype=ir.IntType(8)) for r in range(4)]
-        srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(4)]
-        xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(4)]
-        xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(4)]
-        lane = lambda ix: ir.Constant(I32_VEC, ix)
+        n0, t0 = as_i64(builder, args[5], None), as_i64(builder, args[8], None)
+        wrows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), K)], source_etype=ir.IntType(8)) for r in range(nr)]
+        srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(nr)]
+        xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(ng)]
+        xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(ng)]
+        per_block = nr * ng
 
-        def products(blk, _):  # table[16 blk + 4 j + r] = scale of row r * scale of token j
-            ws = ir.Constant(ir.VectorType(I16, 4), [0] * 4)
-            xsv = ir.Constant(ir.VectorType(F32, 4), [0.0] * 4)
-            for r in range(4):
-                bits = builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2)
-                ws = builder.insert_element(ws, bits, I32(r))
-                xsv = builder.insert_element(xsv, builder.load(builder.gep(xsrows[r], [blk], source_etype=F32), typ=F32, align=4), I32(r))
-            ws16 = builder.shuffle_vector(ws, ws, lane([r for _ in range(4) for r in range(4)]))
-            xs16 = builder.shuffle_vector(xsv, xsv, lane([j for j in range(4) for _ in range(4)]))
-            prod = builder.fmul(builder.fpext(builder.bitcast(ws16, ir.VectorType(ir.HalfType(), LANES)), VEC), xs16)
-            dst = builder.gep(ptab, [builder.mul(blk, I64(LANES))], source_etype=F32)
-            builder.store(prod, builder.bitcast(dst, VEC.as_pointer()), align=4)
+        def products(blk, _):  # table[R G blk + R j + r] = scale of row r * scale of token j
+            for j in range(ng):
+                xsv = builder.load(builder.gep(xsrows[j], [blk], source_etype=F32), typ=F32, align=4)
+                for r in range(nr):
+                    bits = builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2)
+                    ws = builder.fpext(builder.bitcast(bits, ir.HalfType()), F32)
+                    dst = builder.gep(ptab, [builder.add(builder.mul(blk, I64(per_block)), I64(nr * j + r))], source_etype=F32)
+                    builder.store(builder.fmul(ws, xsv), dst)
             return []
 
         loop(builder, I64(0), builder.sdiv(K, I64(QBLOCK)), 1, [], products)
@@ -300,13 +314,13 @@ def int8_tile_dot_4x4(typingctx, w, s, n, xq, xs, t, table):
 
         def term(b, acc, wv, xv):
             (w_values, r, i), (x_values, j) = wv, xv
-            at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(LANES)), I64(4 * j + r))
+            at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(per_block)), I64(nr * j + r))
             scale = splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4))
             return int8_pairs_term(b, acc, w_values, x_values, scale)
 
-        result = tile_4x4(builder, list(range(4)), list(range(4)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK)
-        sums = [builder.extract_element(result, I64(j)) for j in range(LANES)]
-        return context.make_tuple(builder, signature.return_type, sums)
+        sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK)
+        _store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
+        return context.get_dummy_value()
 
     return sig, codegen
 

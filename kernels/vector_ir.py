@@ -191,11 +191,12 @@ def fma_acc(builder, acc, a, b):
     return fma_vec(builder, a, b, acc)
 
 
-def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None):
-    """The 16 fixed-order dot products rows[c] . cols[j] over the full chunks of n, each with
-    its own accumulator (8 loads feed 16 multiply-adds), reduced
-    together: a vector, lane R j + c for R rows.
-    float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
+def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None):
+    """The R x G fixed-order dot products rows[c] . cols[j] over the full chunks of n, each in its
+    own 16-lane accumulator, unreduced: a list, accumulator R j + c (R rows). With R x G = 4 x 4,
+    8 loads feed 16 multiply-adds (AVX-512's 32 registers hold them); with AVX2's 16 half-width
+    registers a tile of 6 sums is as large as fits (tile_shape).
+float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
     lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
     two sides differ (int8 rows, int16 tokens). With prefetch_ahead (an i64 count of row
@@ -206,8 +207,7 @@ def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, a
     sequences on the default model at float32 (then one 2 x 8 tile) went from ~39 to ~27 ms (three alternating rounds:
     42.0/38.9/37.7 -> 28.1/31.3/26.0); no prefetch at all took ~54 ms."""
     col_load = col_load or load
-
-    R = len(rows)  # 4 x 4: 16 accumulators, lane R j + c
+    R = len(rows)
 
     def body(i, accs):
         if prefetch_ahead is not None:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)
@@ -225,11 +225,34 @@ def tile_4x4(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, a
     # chunks a, a + accs, a + 2 accs, ..: loop steps while i + step - 1 < stop, so stop is
     # raised by the stride less one chunk to take the last chunk of each pass
     stop = builder.add(full, I64(chunk * (accs - 1)))
-    passes = [loop(builder, I64(a * chunk), stop, chunk * accs, [zero] * 16, body) for a in range(accs)]
+    passes = [loop(builder, I64(a * chunk), stop, chunk * accs, [zero] * (R * len(cols)), body) for a in range(accs)]
     total = passes[0]
     for p in passes[1:]:
         total = [builder.fadd(t, v) for t, v in zip(total, p)]
-    return reduce16_vector(builder, total)
+    return total
+
+
+def tile_4x4(builder, rows, cols, n, **options):
+    """tile_accumulators of 4 rows and 4 columns, reduced together: a vector, lane 4 j + c."""
+    return reduce16_vector(builder, tile_accumulators(builder, rows, cols, n, **options))
+
+
+def tile_sums(builder, rows, cols, n, **options):
+    """tile_accumulators reduced, each in the one tree (reduce16_vector for 16 at once: the same
+    additions): a list of float32 scalars, sum R j + c."""
+    accs = tile_accumulators(builder, rows, cols, n, **options)
+    if len(accs) == LANES:
+        v = reduce16_vector(builder, accs)
+        return [builder.extract_element(v, I64(k)) for k in range(LANES)]
+    return [reduce_tree(builder, acc) for acc in accs]
+
+
+def tile_shape() -> tuple[int, int]:
+    """(weight rows, rows of x) of a register tile on this target: 4 x 4 with AVX-512's 32 vector
+    registers, 2 x 3 with 16 (AVX2: a 16-lane accumulator is two registers, 6 sums 12 of them)."""
+    from .target import vector_registers
+
+    return (4, 4) if vector_registers() >= 32 else (2, 3)
 
 
 # int8 weights meet activations quantized to int16 per block of 32 (quantize_blocks):
