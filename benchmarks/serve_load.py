@@ -120,24 +120,36 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def start_server(tree: Path, port: int, model: str | None = None, extra: list[str] = ()) -> subprocess.Popen:
+    """`cli.py serve` of the checkout `tree` on a loopback port, once /health answers 200."""
+    cmd = [sys.executable, "cli.py", "serve", "--port", str(port), "--max-batch", "8", "--ctx", "1024",
+           "--model-name", "bench"] + (["--model", model] if model else []) + list(extra)
+    server = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 1800
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None:
+            raise SystemExit(f"the server in {tree} stopped")
+        time.sleep(0.5)
+    stop_server(server)
+    raise SystemExit("the server did not start")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=120)
+
+
 def measure(args, extra: list[str]) -> list[dict]:
     """Start a server (cli.py serve + extra flags), run every concurrency level, stop it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--max-batch", "8", "--ctx", "1024",
-           "--model-name", "bench"] + (["--model", args.model] if args.model else []) + (["--dtype", args.dtype] if args.dtype else [])
-    server = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = start_server(ROOT, port, args.model, (["--dtype", args.dtype] if args.dtype else []) + extra)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit("the server did not start")
         level(base, 2, 1, 8)  # warm-up: kernels loaded, batch path exercised
         rows = []
         for c in args.levels.split(","):
@@ -151,8 +163,7 @@ def measure(args, extra: list[str]) -> list[dict]:
             rows[-1]["cpu_ms_per_token"]["load generator"] = 1000 * (load_after - load_before) / tokens
         return rows
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=120)
+        stop_server(server)
 
 
 def main() -> None:

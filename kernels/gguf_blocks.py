@@ -33,6 +33,7 @@ from .vector_ir import (
     VEC,
     as_i64,
     fma_vec,
+    half_to_f32,
     load_f32,
     loop,
     prefetch,
@@ -78,7 +79,7 @@ def _byte(b, bp, off):
 def _f16(b, bp, off):
     """The float16 at bp + off, widened to float32 (exact)."""
     bits = b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), I16.as_pointer()), align=1)
-    return b.fpext(b.bitcast(bits, ir.HalfType()), F32)
+    return half_to_f32(b, bits)
 
 
 def _word(b, bp, off):
@@ -189,8 +190,7 @@ def dequant_chunks(b, fmt, bp):
     if fmt == F32_TYPE:
         return [load_f32(b, b.bitcast(bp, F32.as_pointer()), I64(h)) for h in (0, 16)]
     if fmt == F16_TYPE:
-        halves = b.load(b.bitcast(bp, ir.VectorType(ir.HalfType(), 32).as_pointer()), align=1)
-        wide = b.fpext(halves, ir.VectorType(F32, 32))
+        wide = half_to_f32(b, b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1))
         return [b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
     if fmt == BF16_TYPE:
         bits = b.zext(b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1), ir.VectorType(I32, 32))

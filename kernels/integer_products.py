@@ -35,7 +35,23 @@ from numba.extending import intrinsic, overload
 from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, literal_value, prefetch_offsets
 from .jit import EXACT_MATH, kernel
 from .target import has
-from .vector_ir import F32, I32, I32_VEC, I64, INTO_L2, LANES, QBLOCK, VEC, as_i64, fma_vec, loop, prefetch, quantized_block, splat
+from .vector_ir import (
+    F32,
+    I32,
+    I32_VEC,
+    I64,
+    INTO_L2,
+    LANES,
+    QBLOCK,
+    VEC,
+    as_i64,
+    fma_vec,
+    half_to_f32,
+    loop,
+    prefetch,
+    quantized_block,
+    splat,
+)
 
 Q4_0_R16 = 1002  # not ggml types: block formats in groups of 16 rows (the matrix's `s`)
 Q8_0_R16 = 1008
@@ -96,8 +112,8 @@ def _f16_at(typingctx, arr, i):
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        ptr = builder.bitcast(builder.gep(data, [as_i64(builder, args[1], None)]), ir.HalfType().as_pointer())
-        return builder.fpext(builder.load(ptr, align=1), F32)
+        ptr = builder.bitcast(builder.gep(data, [as_i64(builder, args[1], None)]), ir.IntType(16).as_pointer())
+        return half_to_f32(builder, builder.load(ptr, align=1))
 
     return sig, codegen
 
@@ -345,7 +361,7 @@ def _exact_sums(b, token, e, parts, corr=None, wide_levels=False):
 
 def _row_halves(b, bp, off):
     """The 16 float16 at bp + off (one per row), as float32."""
-    return b.fpext(b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=1), VEC)
+    return half_to_f32(b, b.load(b.bitcast(b.gep(bp, [I64(off)], source_etype=I8), ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=1))
 
 
 def _word64(b, bp, off):

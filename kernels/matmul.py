@@ -25,7 +25,16 @@ from .gguf_blocks import block_rows, dequantize_block_row
 from .integer_products import grouped_row_get, grouped_rows
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import chunked_len, row_get, weight_at
-from .row_products import bf16_tile_dot, int8_tile_dot, row_dot, rows_dot4, streamed_bf16_tile_dot, streamed_tile_dot, tile_dot, weight_dot_chunks
+from .row_products import (
+    bf16_tile_dot,
+    int8_tile_dot,
+    row_dot,
+    rows_dot4,
+    streamed_bf16_tile_dot,
+    streamed_tile_dot,
+    tile_dot,
+    weight_dot_chunks,
+)
 from .vector_ir import tile_shape
 from .work_sharing import claim, start_claims
 

@@ -18,7 +18,8 @@ from numba.extending import intrinsic, overload
 
 from .gguf_blocks import FORMATS, Q4_0, Q8_0
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
-from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits
+from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits, half_to_f32
+from .target import has
 
 
 @njit(cache=True)
@@ -44,16 +45,56 @@ def _chunked_len(w, K):
     return lambda w, K: K - K % chunk
 
 
+def f16_bits(value):
+    """float32 -> float16 bits, nearest-even: vcvtps2ph where the target has F16C, else the same
+    rounding in integer operations (LLVM would call compiler-rt's __truncsfhf2, which Numba's JIT
+    does not link)."""
+    raise NotImplementedError
+
+
+@overload(f16_bits)
+def _f16_bits(value):
+    if has("f16c"):
+        return lambda value: _f16_bits_native(value)
+    return lambda value: _f16_bits_plain(value)
+
+
 @intrinsic
-def f16_bits(typingctx, value):
-    """float32 -> float16 bits, nearest-even (vcvtps2ph)."""
+def _f16_bits_native(typingctx, value):
     sig = types.uint16(types.float32)
 
     def codegen(context, builder, signature, args):
-        half = builder.fptrunc(args[0], ir.HalfType())
-        return builder.bitcast(half, ir.IntType(16))
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return sig, codegen
+
+
+@njit(cache=True)
+def _f16_bits_plain(value):
+    f = np.uint32(f32_as_bits(value))
+    sign = np.uint32((f >> 16) & 0x8000)
+    a = f & np.uint32(0x7FFFFFFF)
+    if a >= 0x7F800000:  # inf, or NaN (kept quiet, as vcvtps2ph keeps it)
+        return np.uint16(sign | (0x7C00 if a == 0x7F800000 else 0x7E00 | ((a >> 13) & 0x3FF)))
+    if a >= 0x477FF000:  # rounds to 65520 or above: inf
+        return np.uint16(sign | 0x7C00)
+    e = a >> 23
+    if e < 113:  # a float16 subnormal (or zero): the significand shifted into place, nearest-even
+        if e < 102:
+            return np.uint16(sign)
+        m = (a & 0x7FFFFF) | 0x800000
+        shift = np.uint32(126 - e)
+        h = m >> shift
+        rest = m & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rest > half or (rest == half and (h & 1)):
+            h += 1
+        return np.uint16(sign | h)
+    h = ((e - 112) << 10) | ((a >> 13) & 0x3FF)
+    rest = a & 0x1FFF
+    if rest > 0x1000 or (rest == 0x1000 and (h & 1)):
+        h += 1  # a carry into the exponent is still right, up to inf
+    return np.uint16(sign | h)
 
 
 @intrinsic
@@ -62,7 +103,7 @@ def f16_value(typingctx, bits):
     sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return half_to_f32(builder, args[0])
 
     return sig, codegen
 

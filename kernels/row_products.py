@@ -25,8 +25,6 @@ from .vector_ir import (
     BF16_CHUNK,
     F32,
     I16,
-    I32,
-    I32_VEC,
     I64,
     LANES,
     LINE_BYTES,
@@ -37,6 +35,7 @@ from .vector_ir import (
     data_ptr,
     dpbf16,
     fma_acc,
+    half_to_f32,
     int8_block_term,
     int8_pairs_term,
     int8_values,
@@ -299,7 +298,7 @@ def int8_tile_dot(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
                 xsv = builder.load(builder.gep(xsrows[j], [blk], source_etype=F32), typ=F32, align=4)
                 for r in range(nr):
                     bits = builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2)
-                    ws = builder.fpext(builder.bitcast(bits, ir.HalfType()), F32)
+                    ws = half_to_f32(builder, bits)
                     dst = builder.gep(ptab, [builder.add(builder.mul(blk, I64(per_block)), I64(nr * j + r))], source_etype=F32)
                     builder.store(builder.fmul(ws, xsv), dst)
             return []

@@ -80,6 +80,35 @@ def splat(builder, scalar):
     return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
 
 
+def half_to_f32(builder, bits, native=None):
+    """float16 bits (i16, or a vector of them) widened to float32, exactly: vcvtph2ps where the
+    target has F16C; elsewhere in integer operations, as NumPy widens them (LLVM would call
+    compiler-rt's __extendhfsf2, which Numba's JIT does not link)."""
+    count = bits.type.count if isinstance(bits.type, ir.VectorType) else None
+    if _has_f16c() if native is None else native:
+        half = ir.VectorType(ir.HalfType(), count) if count else ir.HalfType()
+        return builder.fpext(builder.bitcast(bits, half), ir.VectorType(F32, count) if count else F32)
+    i32 = ir.VectorType(I32, count) if count else I32
+    c = lambda v: ir.Constant(i32, [v] * count) if count else I32(v)
+    h = builder.zext(bits, i32)
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    exp = builder.and_(builder.lshr(h, c(10)), c(0x1F))
+    mant = builder.and_(h, c(0x3FF))
+    normal = builder.or_(builder.shl(builder.add(exp, c(112)), c(23)), builder.shl(mant, c(13)))
+    special = builder.or_(c(0x7F800000), builder.shl(mant, c(13)))  # inf and NaN
+    fty = ir.VectorType(F32, count) if count else F32
+    tiny = builder.fmul(builder.uitofp(mant, fty), ir.Constant(fty, [2.0**-24] * count) if count else F32(2.0**-24))  # exact
+    magnitude = builder.select(builder.icmp_unsigned("==", exp, c(0)), builder.bitcast(tiny, i32),
+                               builder.select(builder.icmp_unsigned("==", exp, c(31)), special, normal))
+    return builder.bitcast(builder.or_(sign, magnitude), fty)
+
+
+def _has_f16c() -> bool:
+    from .target import has
+
+    return has("f16c")
+
+
 def f16_splat(builder, sptr, blk):
     """16 copies of float16 scale blk (uint16 bits at sptr), widened to float32 (exact)."""
     bits = builder.load(builder.gep(sptr, [blk], source_etype=I16), typ=I16, align=2)
@@ -87,9 +116,9 @@ def f16_splat(builder, sptr, blk):
     # is at hand, often the accumulator, and chain every scale behind the previous FMA (2x slower).
     # Widened as a vector: a scalar float16 conversion measured 35% slower in the int8 row loop.
     word = builder.insert_element(ir.Constant(ir.VectorType(I32, 4), [0] * 4), builder.zext(bits, I32), I32(0))
-    halves = builder.bitcast(word, ir.VectorType(ir.HalfType(), 8))
+    halves = builder.bitcast(word, ir.VectorType(I16, 8))
     splat = builder.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
-    return builder.fpext(splat, VEC)
+    return half_to_f32(builder, splat)
 
 
 def as_i64(builder, value, ty):

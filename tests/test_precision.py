@@ -79,3 +79,47 @@ def test_int8_quantization_error_is_bounded(N, Kdim):
     assert np.abs(q).max() <= 127
     np.testing.assert_array_equal(back, q * step)  # q * a float16 scale is exact in float32
     assert (back[1, :32] == 0).all()
+
+
+def test_float16_conversions_without_f16c_are_numpys():
+    """Targets without F16C (x86-64-v2, generic) convert float16 in integer operations; they must
+    round and widen as NumPy (and vcvtps2ph / vcvtph2ps) do: ties to even, subnormals, inf, NaN."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    from minillm.kernels.quantize import _f16_bits_plain
+    from minillm.kernels.vector_ir import half_to_f32
+
+    rng = np.random.default_rng(0)
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every float16
+    widened = halves.view(np.float16).astype(np.float32)
+    ties = (widened[:-1].astype(np.float64) + widened[1:]) / 2  # exactly between neighbours
+    values = np.concatenate([widened, ties[np.isfinite(ties)].astype(np.float32), rng.standard_normal(10000).astype(np.float32) * 1e-6,
+                             rng.standard_normal(10000).astype(np.float32) * 3e4, np.float32([7e4, -7e4, np.inf, -np.inf, 65519.99])])
+    ours = np.array([_f16_bits_plain(np.float32(v)) for v in values], np.uint16)
+    numbers = ~np.isnan(values)
+    np.testing.assert_array_equal(ours[numbers], values[numbers].astype(np.float16).view(np.uint16))
+    assert np.isnan(ours[~numbers].view(np.float16)).all()
+
+    @intrinsic
+    def widen(typingctx, out, bits):
+        def codegen(context, b, signature, args):
+            po = context.make_array(signature.args[0])(context, b, args[0]).data
+            pb = context.make_array(signature.args[1])(context, b, args[1]).data
+            v = b.load(b.bitcast(pb, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=1)
+            b.store(half_to_f32(b, v, native=False), b.bitcast(po, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(out, bits), codegen
+
+    @njit
+    def widen_all(out, bits):
+        for i in range(0, bits.shape[0], 8):
+            widen(out[i:], bits[i:])
+
+    out = np.empty(1 << 16, np.float32)
+    widen_all(out, halves)
+    finite = ~np.isnan(widened)
+    np.testing.assert_array_equal(out[finite].view(np.uint32), widened[finite].view(np.uint32))
+    assert np.isnan(out[~finite]).all()
