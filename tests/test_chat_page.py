@@ -12,7 +12,7 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")]
 
 API_KEY = "page-key"
 DOCS = Path(__file__).resolve().parents[1] / "docs"

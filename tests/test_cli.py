@@ -122,11 +122,13 @@ def test_bad_flag_is_one_line():
     assert_one_line_error(run("frobnicate"))
 
 
+@pytest.mark.slow
 def test_bad_sampling_value_is_one_line(default_model_dir):
     assert_one_line_error(run("generate", "--prompt", "hi", "--top-p", "0"), "top_p")
     assert_one_line_error(run("generate", "--prompt", "hi", "--temperature", "nan"), "temperature")
 
 
+@pytest.mark.slow
 def test_generate_without_torch(default_model_dir, tmp_path):
     """Generation runs in a process where importing torch or transformers fails."""
     for name in ("torch", "transformers"):
@@ -142,6 +144,7 @@ def test_generate_without_torch(default_model_dir, tmp_path):
     assert "Paris" in result.stdout
 
 
+@pytest.mark.slow
 def test_chat_one_turn(default_model_dir):
     result = run("chat", "--prompt", "Name three colors.", "--temperature", "0", "--max-tokens", "40")
     assert result.returncode == 0, result.stderr

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
+
 pytest.importorskip("ray.serve", reason="the cluster extra (pip install 'minillm[cluster]') is not installed")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,7 +203,7 @@ def test_deployment_app_takes_serves_options_by_name(monkeypatch, default_model_
     args arrive as strings: each becomes the option `serve` gives build_app."""
     from ray import serve
 
-    from minillm import cluster
+    from minillm.serving import cluster
 
     app = cluster.deployment_app({"model": str(default_model_dir), "replicas": "2", "threads": "1"})
     assert isinstance(app, serve.Application)

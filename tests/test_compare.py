@@ -11,6 +11,8 @@ from hf_tiny import make_checkpoint
 from minillm.compare import compare, hf_window_scorer, load_oracle, model_window_scorer, perplexity, windows
 from minillm.core.model import Model
 
+pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
+
 CLI = [sys.executable, str(ROOT / "cli.py")]
 
 

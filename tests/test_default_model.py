@@ -8,6 +8,8 @@ import torch
 import minillm
 from minillm.core.model import Model
 
+pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
+
 TEXTS = [
     "Hello world",
     "The quick brown fox jumps over the lazy dog.",

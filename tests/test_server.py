@@ -17,6 +17,8 @@ import pytest
 import minillm
 from minillm.serving.server import create_app
 
+pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
+
 API_KEY = "test-key"
 
 

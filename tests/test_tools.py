@@ -15,6 +15,8 @@ import minillm
 from minillm.serving.server import create_app
 from minillm.serving.tools import ToolCall, call_grammar, parse_tool_calls, template_format
 
+pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
+
 TEMPLATE = """{%- if tools %}<|im_start|>system
 {% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}
 

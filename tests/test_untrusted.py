@@ -378,6 +378,7 @@ def test_gguf_merge_that_names_unknown_tokens(tmp_path):
 # ------------------------------------------------------------------ run time
 
 
+@pytest.mark.slow
 def test_prompt_longer_than_context(default_model_dir):
     import minillm
 
@@ -389,6 +390,7 @@ def test_prompt_longer_than_context(default_model_dir):
     assert len("".join(stream)) > 0
 
 
+@pytest.mark.slow
 def test_generation_stops_at_the_end_of_the_context(default_model_dir):
     import minillm
 
@@ -494,6 +496,7 @@ def test_fuzz_mutated_files(fuzz_seeds, tmp_path_factory, fmt):
 # ------------------------------------------------------------------ interrupted import
 
 
+@pytest.mark.slow
 def test_interrupted_import_leaves_nothing(default_gguf, tmp_path):
     dest = tmp_path / "store" / "model"
     cmd = [sys.executable, str(ROOT / "cli.py"), "import", str(default_gguf), str(dest)]
