@@ -1,0 +1,86 @@
+"""The kernels compiled for other CPUs give the native run's tokens: every GGUF block format (the
+tiny files of test_gguf_direct), run in a child process whose Numba target is an AVX2 laptop
+(`haswell` with Haswell's features) or the x86-64-v2 baseline (no AVX, no FMA, no F16C).
+
+Each target compiles into its own cache under .pytest_cache, so a second run (and CI, whose
+kernel tiers for these targets fill the same directories first) reuses it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf_tiny import write_gguf
+from hf_tiny import make_checkpoint
+from test_gguf_direct import CASES, TOKENS
+
+from minillm.core.model import Model
+
+pytestmark = pytest.mark.slow
+
+HASWELL_FEATURES = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,"
+    "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt"
+)
+TARGETS = {"haswell": HASWELL_FEATURES, "x86-64-v2": None}
+GENERATED = 8
+
+CHILD = """
+import json, sys
+sys.path[:0] = ["tests", "."]
+import numpy as np
+from minillm.core.model import Model
+from minillm.kernels import target
+from test_targets import greedy
+paths, tokens, generated, out = json.loads(sys.argv[1])
+results = {"target": target.describe(), "runs": {}}
+for name, path in paths.items():
+    model = Model.load(path)
+    np.save(f"{out}/{name}.npy", model.forward(tokens, model.new_cache(), all_logits=True))
+    results["runs"][name] = greedy(model, tokens, generated)
+print(json.dumps(results))
+"""
+
+
+def greedy(model, tokens, generated):
+    cache, text = model.new_cache(), []
+    step = model.forward(tokens[:8], cache)
+    for _ in range(generated):
+        text.append(int(step.argmax()))
+        step = model.forward([text[-1]], cache)
+    return text
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    paths = {}
+    for name, (arch, shape, qtype) in CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        make_checkpoint(root / "hf", arch=arch, **shape)
+        paths[name] = str(write_gguf(root / "hf", root / "model.gguf", qtype=qtype))
+    return paths
+
+
+@pytest.mark.parametrize("cpu", list(TARGETS))
+def test_other_targets_give_the_native_tokens(cpu, gguf_files, tmp_path, request):
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(request.config.cache.mkdir(f"numba-{cpu}")))
+    if TARGETS[cpu] is not None:
+        env["NUMBA_CPU_FEATURES"] = TARGETS[cpu]
+    else:
+        env.pop("NUMBA_CPU_FEATURES", None)
+    tokens = [int(t) for t in TOKENS]
+    argument = json.dumps([gguf_files, tokens, GENERATED, str(tmp_path)])
+    child = subprocess.run([sys.executable, "-c", CHILD, argument], env=env, capture_output=True, text=True,
+                           cwd=request.config.rootpath)
+    assert child.returncode == 0, child.stderr[-3000:]
+    theirs = json.loads(child.stdout.strip().splitlines()[-1])
+    assert cpu in theirs["target"] and "AVX-512" not in theirs["target"]
+    for name, path in gguf_files.items():
+        model = Model.load(path)
+        assert theirs["runs"][name] == greedy(model, tokens, GENERATED), name
+        ours = model.forward(tokens, model.new_cache(), all_logits=True)
+        # the same sums in the same order; only FMA against a separate multiply and add (x86-64-v2
+        # has no FMA) may move a last bit
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), ours, rtol=1e-5, atol=1e-5 * np.abs(ours).max())
