@@ -81,7 +81,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     if x.shape[0] < PANEL_TOKENS:
         _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
     else:
-        table = scratch[: TILE_ROWS * TILE_TOKENS * (K // 32)]  # int8 tiles' scale products
+        table = scratch[: max(TILE_ROWS * TILE_TOKENS, I8_ROWS * I8_TOKENS) * (K // 32)]  # int8 tiles' scale products
         for r0 in range(n0, n1, HALF_TASK):
             sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
 
@@ -111,6 +111,7 @@ def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full):
 
 
 TILE_ROWS, TILE_TOKENS = tile_shape()  # weight rows x rows of x of a register tile on this target
+I8_ROWS, I8_TOKENS = tile_shape(int8=True)
 
 
 def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full):
@@ -184,26 +185,38 @@ def _prepared_tile(out, t_out, c_out, w, s, n, xo, xs, t, table):
         return lambda out, t_out, c_out, w, s, n, xo, xs, t, table: bf16_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
     if w.dtype == types.int8:
         return lambda out, t_out, c_out, w, s, n, xo, xs, t, table: int8_tile_dot(out, t_out, c_out, w, s, n, xo, xs, t, table,
-                                                                                   TILE_ROWS, TILE_TOKENS)
+                                                                                   I8_ROWS, I8_TOKENS)
+
+
+def prepared_shape(w):
+    """(weight rows, rows of x) of prepared_tile's register tile for w's precision."""
+    raise NotImplementedError
+
+
+@overload(prepared_shape)
+def _prepared_shape(w):
+    shape = (I8_ROWS, I8_TOKENS) if w.dtype == types.int8 else (TILE_ROWS, TILE_TOKENS)
+    return lambda w: shape
 
 
 @njit(fastmath=EXACT_MATH, cache=True)
 def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
     """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every row of x: register tiles
-    of TILE_TOKENS rows of x by TILE_ROWS weight rows (prepared_tile), then the rows left over, a
+    of rows of x by weight rows (prepared_shape), then the rows left over, a
     row_dot each."""
     T = x.shape[0]
+    TR, TT = prepared_shape(w)
     t = 0
-    while t + TILE_TOKENS <= T:
+    while t + TT <= T:
         r = r0
-        while r + TILE_ROWS <= r1:
+        while r + TR <= r1:
             prepared_tile(out, t, col + r, w, s, r, xc, xs, t, table)
-            _add_tails(out, t, col + r, TILE_TOKENS, TILE_ROWS, w, s, r, x, full)
-            r += TILE_ROWS
+            _add_tails(out, t, col + r, TT, TR, w, s, r, x, full)
+            r += TR
         for r in range(r, r1):  # the last rows of a partial block
-            for tt in range(t, t + TILE_TOKENS):
+            for tt in range(t, t + TT):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
-        t += TILE_TOKENS
+        t += TT
     for tt in range(t, T):  # the last rows of x
         for r in range(r0, r1):
             out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])

@@ -116,3 +116,17 @@ def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
     out = subprocess.run([venv / "bin" / "minillm", "generate", "--prompt", "The capital of France is", "--max-tokens", "4",
                           "--temperature", "0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+
+
+def test_a_checkout_keeps_its_models_in_its_weights_folder(monkeypatch):
+    from minillm.loading.default_model import weights_dir
+
+    monkeypatch.delenv("MINILLM_WEIGHTS", raising=False)
+    assert weights_dir() == ROOT / "weights"
+
+
+def test_the_docs_format_table_is_the_format_table():
+    from minillm.kernels import formats
+
+    assert formats.markdown_table() in (ROOT / "docs" / "performance.md").read_text(encoding="utf-8"), \
+        "docs/performance.md: paste kernels.formats.markdown_table() again"

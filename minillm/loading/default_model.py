@@ -25,7 +25,7 @@ def weights_dir() -> Path:
     env = os.environ.get("MINILLM_WEIGHTS")
     if env:
         return Path(env)
-    repo_weights = Path(__file__).resolve().parent.parent / "weights"
+    repo_weights = Path(__file__).resolve().parents[2] / "weights"  # a checkout's weights/ folder
     if repo_weights.is_dir() and os.access(repo_weights, os.W_OK):
         return repo_weights
     return Path.home() / ".cache" / "minillm" / "weights"
