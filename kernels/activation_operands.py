@@ -155,7 +155,7 @@ def make_prepare(operand):
     else:
         raise ValueError(f"nothing to prepare for {operand!r}")
     prepare.__qualname__ = prepare.__name__ = f"prepare_{operand.name.lower()}"
-    return cfunc(PREPARE_SIGNATURE, cache=True, fastmath=EXACT_MATH)(prepare)
+    return cfunc(PREPARE_SIGNATURE, cache=True, fastmath=EXACT_MATH, _nrt=False)(prepare)
 
 
 def _call_prepare():

@@ -19,7 +19,7 @@ from .jit import EXACT_MATH, kernel
 from .vector_math import divide, exp_f32, tanh_f32
 
 
-@kernel(parallel=False)
+@kernel(parallel=False, refcounts=False)
 def kv_write(k_cache, v_cache, k, v, pos0):
     """Store T new keys/values at positions pos0.. .  caches: (nkv, ctx, hd); k, v: (T, nkv * hd)."""
     nkv, _, hd = k_cache.shape
@@ -30,7 +30,7 @@ def kv_write(k_cache, v_cache, k, v, pos0):
                 v_cache[h, pos0 + t, d] = v[t, h * hd + d]
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
 def attend(out, q, keys, values, n_keys, s, scale, softcap):
     """R query heads that share one KV head (GQA), one query each: out, q (R * hd,) the heads side
     by side; per head, softmax(cap(keys[:n] q * scale)) values[:n], cap(z) = softcap * tanh(z /
@@ -69,7 +69,7 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
         _tail_columns(out[r * hd : (r + 1) * hd], s[r], values, n_keys)
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
 def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     """The rest of one head's attend once s[:n_keys] holds the scores' full-chunk sums: the
     probabilities (_probabilities), then the weighted values."""
@@ -78,7 +78,7 @@ def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     _tail_columns(out, s, values, n_keys)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _probabilities(s, q, keys, n_keys, scale, softcap):
     """s[:n_keys], the scores' full-chunk sums, into probabilities: their hd % 16 tails, the scale
     (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does). The exp is plain
@@ -105,7 +105,7 @@ def _probabilities(s, q, keys, n_keys, scale, softcap):
         s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _tail_columns(out, p, values, n_keys):
     """out[d] for the hd % 16 columns the weighted rows leave, in their order: even keys, odd
     keys, then their sum."""
@@ -124,7 +124,7 @@ def _tail_columns(out, p, values, n_keys):
 QUERIES_PER_TASK = 4
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, scale, softcap):
     """Up to 4 consecutive queries of head h, rows r0..r0+nq-1 of q (their head h at columns
     h hd..(h + 1) hd), at positions pos0.., into the same rows and columns of out: a prefill
@@ -171,7 +171,7 @@ def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
                        scores, get_thread_id() * QUERIES_PER_TASK, scale, softcap)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def first_key(position, window):
     """The first cache position a query at `position` attends to: 0, or with a sliding window
     the oldest of its last `window` positions (transformers: key > query - window)."""

@@ -213,7 +213,7 @@ def max_chunks(typingctx, a, n):
     return sig, codegen
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def dot(a, b):
     """sum(a * b) over two 1-D float32 arrays of equal length."""
     n = a.shape[0]
@@ -223,7 +223,7 @@ def dot(a, b):
     return result
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def total(a, n):
     """sum(a[:n]) of a 1-D float32 array."""
     result = sum_chunks(a, n)

@@ -223,7 +223,7 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
             softcap_row(rows.logits[g], w.final_softcap)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _run(step, parallel, w, ws, state):
     """Run step `step` (an index of STEPS): every thread's share in the parallel region, or all
     of it on this thread."""
@@ -233,13 +233,13 @@ def _run(step, parallel, w, ws, state):
         call_at(w.steps[step], np.int64(0), np.int64(1), state)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _row_step(step, which, parallel, w, ws, state):
     ws.params[P_WHICH] = which
     _run(step, parallel, w, ws, state)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _linear_step(source, n, m0, m1, m2, target, w, ws, state):
     """Up to three matrices m0.. read from one input (source), into target: the input prepared
     once per Operand they read it as, then one parallel region runs them all, each matrix by its
@@ -398,7 +398,7 @@ def step_kernels() -> np.ndarray:
 # ---------------------------------------------------------------- attention tasks and row spans
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _attention_tasks(tasks, positions, slots, T, nh, nkv, threads):
     """The attention tasks of the rows into tasks[:n] (first row, end row, first head, end head);
     returns n. A run of rows of one slot at consecutive positions (a prefill chunk) is tasks of
@@ -436,7 +436,7 @@ def _attention_tasks(tasks, positions, slots, T, nh, nkv, threads):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _run_end(positions, slots, T, r):
     """The end of the run of rows from r: one slot, consecutive positions."""
     e = r + 1
@@ -445,7 +445,7 @@ def _run_end(positions, slots, T, r):
     return e
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _norm_span(r0, r1, out, x, norm, l, eps):
     """out[t] = rmsnorm(x[t]) with layer l's weights, or a copy of x[t] where the layer has no norm
     at that place (norm is (L, 0))."""
@@ -457,7 +457,7 @@ def _norm_span(r0, r1, out, x, norm, l, eps):
                 out[t, n] = x[t, n]
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
     """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
     position (table -1: none); then its key and value into its slot of layer l's cache."""
@@ -482,7 +482,7 @@ def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positi
                 v_pool[slots[t], l, h, pos, d] = v[h * hd + d]
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _norm_groups(x, norm, l, eps):
     """RMSNorm of x in place, group by group of norm's width (a head, or the whole projection:
     the q/k norm of Qwen3, Gemma 3 and OLMo 2); nothing when norm is (L, 0)."""
@@ -492,7 +492,7 @@ def _norm_groups(x, norm, l, eps):
             rmsnorm_row(x[g * n : (g + 1) * n], x[g * n : (g + 1) * n], norm[l], eps)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
     """x[t] += norm(proj[t] + bias): layer l's bias row and output norm, each where the model has
     one ((L, 0) otherwise)."""
@@ -506,7 +506,7 @@ def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
             x[t, n] += proj[t, n]
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _gate_span(r0, r1, gate, up, bias, l, gelu):
     """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
     the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):

@@ -73,7 +73,7 @@ def can_group(w: np.ndarray, ggml_type: int = Q4_0) -> bool:
     return ggml_type in GROUPED and w.shape[0] % GROUP == 0 and w.shape[1] % FORMATS[ggml_type][1] == 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def is_grouped(fmt):
     """Whether a block matrix's `s` names a grouped layout."""
     return fmt == Q4_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
@@ -118,7 +118,7 @@ def _f16_at(typingctx, arr, i):
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _row_in_group(w, n):
     """Where row n of grouped weights w (N, bytes per row) lives: (w's bytes flat, the start of
     its group of 16, its place r in the group; its bytes interleave with the 15 others')."""
@@ -127,7 +127,7 @@ def _row_in_group(w, n):
     return w.reshape(N * row_bytes), g * GROUP * row_bytes, r
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
     flat, base, r = _row_in_group(w, n)
@@ -431,7 +431,7 @@ def group_q8_0(out, w):
     out.reshape(G, nb, Q8_0_GROUP_BYTES)[:] = np.concatenate([d, levels], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
     flat, base, r = _row_in_group(w, n)
@@ -492,7 +492,7 @@ def group_q6_k(out, w):
     out.reshape(G, sb, Q6_K_GROUP_BYTES)[:] = np.concatenate([ds, sc, words], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
     flat, base, r = _row_in_group(w, n)
@@ -592,7 +592,7 @@ def group_q4_k(out, w):
     out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
     flat, base, r = _row_in_group(w, n)

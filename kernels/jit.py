@@ -77,9 +77,18 @@ if PackageCacheLocator not in _LOCATORS:
     _LOCATORS.insert(0, PackageCacheLocator)
 
 
-def kernel(parallel: bool = True, fastmath=False):
-    """`@njit` with on-disk caching: compiled once per machine, loaded in milliseconds after."""
-    return njit(parallel=parallel, cache=True, fastmath=fastmath, nogil=True)
+# Everything the forward pass's threads run compiles without Numba's reference counting
+# (`_nrt=False`, `refcounts=False` here): each array view otherwise increments and decrements its
+# parent's count atomically, and with two threads on the same arrays those atomics moved one cache
+# line between the cores on every task and row. They were a quarter of an int8 decode step
+# (perf: lock incq / lock decq), whose speed fell to 0.73 of the tree before the one forward pass
+# at 2 threads (0.93 at one); without them 0.94 and float32 1.01. None of those kernels allocates.
+
+
+def kernel(parallel: bool = True, fastmath=False, refcounts: bool = True):
+    """`@njit` with on-disk caching: compiled once per machine, loaded in milliseconds after.
+    refcounts=False: without reference counting, for kernels the threads run (above)."""
+    return njit(parallel=parallel, cache=True, fastmath=fastmath, nogil=True, _nrt=refcounts)
 
 
 def array_key(a) -> tuple:

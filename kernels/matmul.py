@@ -69,7 +69,7 @@ def _long_row(w):
 # ---------------------------------------------------------------- float32, bfloat16, int8 rows
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     """out[t, col + n] = row n of w (float32, bfloat16 bits or int8 with scales s) . x[t] for the
     16 rows n of `task` and every row t of x; xo, xs: x prepared for w (activation_operands)."""
@@ -86,7 +86,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
             sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full):
     """Rows n0..n1-1 of w against a few rows of x, the weights streamed from memory once for all
     of them: 4 x 4 tiles from four rows of x (_batch_tiles), then long rows four at a time
@@ -199,7 +199,7 @@ def _prepared_shape(w):
     return lambda w: shape
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
     """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every row of x: register tiles
     of rows of x by weight rows (prepared_shape), then the rows left over, a
@@ -222,7 +222,7 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
             out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _add_tails(out, t, c, G, R, w, s, r, x, full):
     """Add each tile sum's tail past the full chunks in sequence, as row_dot does: x[t + g, k] for
     k from `full` against weight row r + j, into out[t + g, c + j]."""
@@ -308,7 +308,8 @@ def make_linear(fmt: WeightFormat):
                 task = claim(claims, t, claims.shape[1])
 
     linear.__qualname__ = linear.__name__ = f"linear_{fmt.name}"
-    return cfunc(LINEAR_SIGNATURE, cache=True, fastmath=EXACT_MATH)(linear)
+    # without reference counting (kernels.jit), but for the plain GGUF blocks' kernels, which allocate
+    return cfunc(LINEAR_SIGNATURE, cache=True, fastmath=EXACT_MATH, _nrt=fmt.is_gguf_blocks)(linear)
 
 
 def make_row(fmt: WeightFormat):
@@ -383,7 +384,7 @@ def _rows(row, out, w, s):
         call_row(row, out[n], w, s, np.int64(n))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def start_tasks(claims, rows):
     """Share the tasks of a matrix of `rows` rows among the threads (claims: (2, threads))."""
     start_claims(claims, (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK, claims.shape[1])

@@ -22,7 +22,7 @@ from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits, half
 from .target import has
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def bf16_bits(v):
     """float32 -> bfloat16 bits, nearest-even as torch and vcvtne2ps2bf16 round; NaN stays NaN."""
     bits = f32_as_bits(v)
@@ -69,7 +69,7 @@ def _f16_bits_native(typingctx, value):
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _f16_bits_plain(value):
     f = np.uint32(f32_as_bits(value))
     sign = np.uint32((f >> 16) & 0x8000)
@@ -154,13 +154,13 @@ F16_MAX = 65504.0
 INT8_MAX_WEIGHT = F16_MAX * 127 / 2  # so every candidate scale (up to 2 amax / 127) is finite
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _as_f16(scale):
     """A candidate scale as the float16 it will be stored as (never 0 for a nonzero block)."""
     return max(F16_TINY, f16_value(f16_bits(scale)))
 
 
-@njit(fastmath=REDUCE_MATH, cache=True)  # called ~50 times per block: no call overhead
+@njit(fastmath=REDUCE_MATH, cache=True, _nrt=False)  # called ~50 times per block: no call overhead
 def _block_sse(w, n, k0, k1, scale):
     """Squared error of one block rounded to the int8 grid of `scale`."""
     inv = np.float32(1.0) / scale

@@ -5,7 +5,7 @@ from .float_sums import dot
 from .jit import EXACT_MATH, kernel
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
 def rmsnorm_row(out, x, w, eps):
     """out = x / sqrt(mean(x**2) + eps) * w, in float32.  out, x, w: (H,)."""
     H = x.shape[0]

@@ -13,7 +13,7 @@ def rope_tables(inv_freq: np.ndarray, ctx: int) -> tuple[np.ndarray, np.ndarray]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-@kernel(parallel=False)
+@kernel(parallel=False, refcounts=False)
 def rope_row(x, cos, sin, p, head_dim):
     """Rotate every head of one token's x (n_heads * hd,) in place for position p.
 

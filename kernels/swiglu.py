@@ -5,7 +5,7 @@ from .jit import EXACT_MATH, kernel
 from .vector_math import divide, exp_f32, tanh_f32
 
 
-@njit(fastmath=EXACT_MATH, cache=True)  # once per element: no call overhead
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)  # once per element: no call overhead
 def silu_mul(g, u):
     """silu(g) * u with silu(g) = g * sigmoid(g), in float32. The divisor 1 + exp(-g) is never 0."""
     return divide(g, np.float32(1.0) + exp_f32(-g)) * u
@@ -15,7 +15,7 @@ SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 GELU_CUBIC = np.float32(0.044715)
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def gelu_tanh_mul(g, u):
     """gelu(g) * u with GELU's tanh form, in torch's order (gelu(approximate="tanh")):
     0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))."""
@@ -23,7 +23,7 @@ def gelu_tanh_mul(g, u):
     return np.float32(0.5) * g * (np.float32(1.0) + tanh_f32(inner)) * u
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def gated_act(g, u, gelu):
     """The MLP's gate: silu(g) * u, or with `gelu` GELU-tanh(g) * u (Gemma)."""
     if gelu:
@@ -49,7 +49,7 @@ def swiglu(out, gate, up):
             out[t, i] = silu_mul(gate[t, i], up[t, i])
 
 
-@kernel(parallel=False, fastmath=EXACT_MATH)
+@kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
 def softcap_row(x, cap):
     """x = cap * tanh(x / cap) in place (Gemma's final logit soft-capping).  x: (N,)."""
     for i in range(x.shape[0]):

@@ -52,13 +52,13 @@ def divide(typingctx, a, b):
     return sig, codegen
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _pow2(n):
     """2.0**n as float32 for integer n in [-126, 127], by building the exponent bits."""
     return bits_as_f32(np.uint32(n + 127) << np.uint32(23))
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def exp_f32(x):
     """e**x in float32; +inf above 88.72, 0 below -103.97, NaN stays NaN."""
     xc = min(max(x, _MIN), _MAX)  # keeps the integer conversion defined; results fixed below
@@ -84,7 +84,7 @@ def exp_f32(x):
     return y
 
 
-@njit(fastmath=EXACT_MATH, cache=True)
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def tanh_f32(x):
     """tanh(x) in float32 as 1 - 2 / (e^(2x) + 1), through exp_f32 so loops over it vectorise:
     -1 and 1 exactly far out, an absolute error of a few float32 ulps of 1 near 0."""

@@ -38,7 +38,7 @@ def _fetch_add(typingctx, arr, i):
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def start_claims(claims, n_tasks, threads):
     """Share n_tasks among `threads`: claims[0, t] is share t's next task, claims[1, t] its end."""
     for t in range(threads):
@@ -46,7 +46,7 @@ def start_claims(claims, n_tasks, threads):
         claims[1, t] = n_tasks * (t + 1) // threads
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def claim(claims, t, threads):
     """The next task for thread t: from its own share, else from the next share with tasks left;
     -1 when none is left anywhere."""
