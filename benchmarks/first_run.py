@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HASWELL_FEATURES = (
-    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,"
-    "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt"
-)
+sys.path.insert(0, str(ROOT))
+from minillm.warmup import HASWELL_FEATURES
+
 TARGETS = {"native": None, "haswell": HASWELL_FEATURES, "x86-64-v2": "", "generic": ""}
 
 

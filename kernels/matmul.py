@@ -81,7 +81,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     if x.shape[0] < PANEL_TOKENS:
         _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
     else:
-        table = scratch[: max(TILE_ROWS * TILE_TOKENS, I8_ROWS * I8_TOKENS) * (K // 32)]  # int8 tiles' scale products
+        table = scratch[: I8_ROWS * I8_TOKENS * (K // 32)]  # int8 tiles' scale products (only they read it)
         for r0 in range(n0, n1, HALF_TASK):
             sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
 

@@ -14,6 +14,13 @@ import numpy as np
 
 from .errors import UsageError
 
+# NUMBA_CPU_FEATURES for NUMBA_CPU_NAME=haswell: an AVX2 laptop's CPU, for portable caches and for
+# compiling (CI, tests/test_targets.py, benchmarks/first_run.py) as if on one.
+HASWELL_FEATURES = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,"
+    "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt"
+)
+
 
 def formats_for(dtype: str | None = None, names=()) -> list:
     """The weight formats (kernels.formats) that `--dtype` or the named formats run as: each name

@@ -17,13 +17,10 @@ from hf_tiny import make_checkpoint
 from test_gguf_direct import CASES, TOKENS
 
 from minillm.core.model import Model
+from minillm.warmup import HASWELL_FEATURES
 
 pytestmark = pytest.mark.slow
 
-HASWELL_FEATURES = (
-    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,"
-    "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt"
-)
 TARGETS = {"haswell": HASWELL_FEATURES, "x86-64-v2": None}
 GENERATED = 8
 
