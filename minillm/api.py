@@ -14,6 +14,7 @@ Calls from several threads are safe and are batched: every request goes to one e
 from __future__ import annotations
 
 import json
+from collections import deque
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -159,17 +160,22 @@ class LLM:
 
     def embed(self, inputs: Sequence[str | Sequence[int]]) -> np.ndarray:
         """One unit-length float32 vector per input (text or token ids): the mean over its tokens
-        of the final norm's output. Each input runs alone, so a batch equals its inputs one by one."""
-        vectors = []
-        cfg = self.model.config
-        for item in inputs:
-            ids = self.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        of the final norm's output. Read by the engine in chunks beside running streams; a row's
+        results do not depend on its step, so a batch equals its inputs one by one."""
+        prompts = [self.tokenizer.encode(item) if isinstance(item, str) else list(item) for item in inputs]
+        for ids in prompts:
             self.check_prompt(ids)
-            hidden = np.zeros((cfg.num_hidden_layers + 2, len(ids), cfg.hidden_size), np.float32)
-            self.model.forward(ids, self.model.new_cache(), hidden=hidden)
-            mean = hidden[-1].astype(np.float64).mean(axis=0)
-            vectors.append((mean / max(np.linalg.norm(mean), 1e-12)).astype(np.float32))
-        return np.stack(vectors) if vectors else np.zeros((0, cfg.hidden_size), np.float32)
+        vectors, window = [], deque()
+        try:
+            for ids in prompts:
+                if len(window) >= self.engine.max_batch:  # more would only wait in the queue
+                    vectors.append(_only(window.popleft()))
+                window.append(self.engine.submit_embedding(ids))
+            vectors += [_only(handle) for handle in window]
+        finally:
+            for handle in window:
+                handle.cancel()  # an error or an interrupt: the rest need not run
+        return np.stack(vectors) if vectors else np.zeros((0, self.model.config.hidden_size), np.float32)
 
     def check_prompt(self, ids: Sequence[int]) -> None:
         """The engine's prompt check (minillm.core.engine.check_prompt) for this model."""
@@ -234,3 +240,9 @@ def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer)
         return config_eos
     eos = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
     return (eos,) if eos is not None else ()
+
+
+def _only(handle):
+    """The one item an embedding's handle yields."""
+    items = list(handle)
+    return items[0]

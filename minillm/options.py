@@ -27,11 +27,15 @@ class Options:
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
     cache_mb: float | None = field(default=None, metadata={"help": "prefix cache memory (default: a fifth of free memory, at most 2048; 0: off)"})
+    prefill_chunk: int | None = field(default=None, metadata={"help": "prompt tokens read per step beside running streams (default: sized so their tokens keep coming)"})
     # the HTTP server
     model_name: str | None = field(default=None, metadata={"help": "the model id clients send (default: the model's file or directory name)"})
     api_key: str | None = field(default=None, metadata={"help": "require `Authorization: Bearer KEY` on /v1/*"})
     host: str = "127.0.0.1"
     port: int = 8000
+    max_body_mb: float = field(default=8.0, metadata={"help": "refuse request bodies larger than this (413)"})
+    allowed_hosts: str | None = field(default=None, metadata={"help": "Host names served, comma-separated, * for any (default: localhost names and --host)"})
+    allowed_origins: str | None = field(default=None, metadata={"help": "web origins that may call the API from a browser, comma-separated, * for any (default: none)"})
     shutdown_timeout: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may take to finish"})
     # many engine replicas on Ray Serve (minillm.serving.cluster)
     replicas: int | None = field(default=None, metadata={"help": "N engine replicas on Ray Serve behind one endpoint (minillm[cluster])"})
@@ -45,7 +49,7 @@ class Options:
             if value is not None and not value >= low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
 
-        for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("port", 0),
+        for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("prefill_chunk", 1), ("port", 0), ("max_body_mb", 0.001),
                           ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1)):
             at_least(name, low)
         if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):

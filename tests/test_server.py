@@ -13,6 +13,7 @@ except ImportError:
     import httpx
 import openai
 import pytest
+from conftest import wait_until_healthy
 
 import minillm
 from minillm.serving.server import create_app
@@ -25,17 +26,6 @@ API_KEY = "test-key"
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
     return minillm.load(default_model_dir, ctx=1024, max_batch=8, max_queue=256)
-
-
-def wait_until_healthy(base: str, seconds: float) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +136,7 @@ def test_wrong_api_key(server):
 
 
 def test_queue_full(client, llm):
-    llm.engine.max_queue, saved = 0, llm.engine.max_queue
+    llm.engine.max_queue, saved = -llm.engine.max_batch, llm.engine.max_queue  # no free slot, no waiting room
     try:
         with pytest.raises(openai.RateLimitError):
             client.completions.create(model="smollm2", prompt="hi", max_tokens=2)
@@ -193,7 +183,7 @@ MALFORMED = {
     "token ids outside the vocabulary": {"prompt": [1, 2, 10**9]},
     "negative token id": {"prompt": [1, -2]},
     "empty prompt": {"prompt": ""},
-    "10 MB prompt": {"prompt": "a" * 10_000_000},
+    "1 MB prompt": {"prompt": "a" * 1_000_000},
 }
 MALFORMED_CHAT = {
     "empty messages": {"messages": []},
@@ -317,7 +307,7 @@ def test_loading_answers_503_then_serves(llm):
     from fastapi.testclient import TestClient
 
     app = create_app(None, "smollm2", API_KEY)
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://localhost") as http:
         assert http.get("/health").status_code == 503 and http.get("/health").json() == {"status": "loading"}
         refused = http.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading"
@@ -326,23 +316,22 @@ def test_loading_answers_503_then_serves(llm):
         assert http.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
 
 
-def test_sigterm_lets_a_running_stream_finish(default_model_dir):
-    """`cli.py serve` on SIGTERM stops accepting but finishes the stream in flight, then exits."""
+def _sigterm_mid_stream(default_model_dir, max_tokens: int, *flags: str) -> tuple[list[str], int]:
+    """`cli.py serve` streaming a completion of max_tokens; SIGTERM after the third event. The
+    events' data and the process's exit code."""
     import signal
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import ROOT, free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--model", str(default_model_dir),
-                             "--port", str(port), "--ctx", "512"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             "--port", str(port), *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(base, 120)
-        body = {"prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True, "stream": True, "temperature": 0}
+        assert wait_until_healthy(base, 120)
+        body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}
         events = []
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
             for line in response.iter_lines():
@@ -350,13 +339,33 @@ def test_sigterm_lets_a_running_stream_finish(default_model_dir):
                     events.append(line[6:])
                     if len(events) == 3:
                         proc.send_signal(signal.SIGTERM)
-        assert events[-1] == "[DONE]"
-        assert sum(len(json.loads(e)["choices"]) for e in events[:-1]) >= 40  # every piece arrived
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
+        code = proc.wait(timeout=60)
         assert "Traceback" not in proc.stderr.read()
+        return events, code
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigterm_lets_a_running_stream_finish(default_model_dir):
+    """`cli.py serve` on SIGTERM stops accepting but finishes the stream in flight, then exits."""
+    import signal
+
+    events, code = _sigterm_mid_stream(default_model_dir, 48, "--ctx", "512")
+    assert events[-1] == "[DONE]"
+    assert sum(len(json.loads(e)["choices"]) for e in events[:-1]) >= 40  # every piece arrived
+    assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
+
+
+def test_sigterm_ends_an_unfinished_stream_with_an_error_and_done(default_model_dir):
+    """A stream still running when --shutdown-timeout ends gets an error event, then [DONE]."""
+    import signal
+
+    events, code = _sigterm_mid_stream(default_model_dir, 2000, "--ctx", "2048", "--shutdown-timeout", "2")
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "shutting_down" and "shutting down" in error["message"]
+    assert code in (0, -signal.SIGTERM)
 
 
 # ------------------------------------------------------------------ structured output and more endpoints
@@ -407,7 +416,7 @@ def test_json_object_and_grammar_extension(client):
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}}, "response_format.json_schema.schema"),
     ({"grammar": {"type": "lark", "grammar": "start: (("}}, "grammar.grammar"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}, "tools[0].function.parameters"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"n": 17}, "n"),
 ])

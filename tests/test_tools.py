@@ -108,13 +108,18 @@ def test_named_choice_tool_result_and_streaming(client):
     assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.content
 
 
-def test_a_template_without_tools_is_400(default_model_dir):
+def test_a_template_without_tools_gets_the_generic_format(default_model_dir):
+    """The tools go into a system message; the reply, constrained to a call, parses into tool_calls."""
     from fastapi.testclient import TestClient
 
-    app = create_app(minillm.load(default_model_dir, ctx=256), "plain")
-    with TestClient(app) as http:
-        response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
-        assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+    app = create_app(minillm.load(default_model_dir, ctx=512), "plain")
+    with TestClient(app, base_url="http://localhost") as http:
+        response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                                                           "tool_choice": "required", "max_tokens": 80, "temperature": 0})
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] in {
+            t["function"]["name"] for t in TOOLS}
 
 
 def test_parsing_each_format():
@@ -129,3 +134,7 @@ def test_parsing_each_format():
     assert parse_tool_calls('{"name": "unknown", "parameters": {}}', "llama3", functions) == ('{"name": "unknown", "parameters": {}}', [])
     assert json.loads(ToolCall("f", {"x": [1]}).openai()["function"]["arguments"]) == {"x": [1]}
     assert "%json" in call_grammar(functions, ["f"], "mistral")
+    _, calls = parse_tool_calls('{"tool_call": {"name": "f", "arguments": {"d": 4}}}', "generic", functions)
+    assert calls[0].arguments == {"d": 4}
+    assert parse_tool_calls('{"response": "Hello."}', "generic", functions) == ("Hello.", [])
+    assert '"response"' in call_grammar(functions, ["f"], "generic", may_answer=True)

@@ -1,17 +1,22 @@
 """The engine loop: continuous batching of generation requests on one thread.
 
-Callers on any thread `submit` requests; one engine thread owns the model. Between decode steps it
-admits queued requests (prefilling each into a free cache slot), then runs one batched decode step
-for every active sequence, the weights read once for all of them; finished or cancelled sequences
-leave and free their slot. Only the engine thread enters Numba's parallel regions, which must never
-be entered from two Python threads at once.
+Callers on any thread `submit` requests (or `submit_embedding`); one engine thread owns the model.
+Each step it admits queued requests into free cache slots, then runs one batched step: a row for
+every decoding sequence, the weights read once for all of them, plus a chunk of the prompts being
+read (chunked prefill). The chunk is sized so a step costs about PREFILL_SHARE more than the decodes
+alone would (measured as it runs), so a long prompt never stalls the running streams; a prompt whose
+last row ran starts decoding. Finished or cancelled sequences leave and free their slot. Only the
+engine thread enters Numba's parallel regions, which must never be entered from two Python threads
+at once.
 
-Each request keeps its own sampling settings and random generator, and batched decode is
-bit-identical per sequence, so a greedy or seeded request gives the same tokens whatever else runs.
+Each request keeps its own sampling settings and random generator, and a row's results do not
+depend on what else is in its step, so a greedy or seeded request gives the same tokens whatever
+else runs, and a prompt read in chunks gives the logits of a prompt read whole.
 """
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 import time
@@ -24,7 +29,7 @@ import numpy as np
 from ..errors import ContextLengthError, GenerationError, MiniLLMError
 from ..options import DEFAULTS, Options
 from .cache import KVPool
-from .model import Model
+from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
 from .structured import Constraint
@@ -35,6 +40,15 @@ if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles u
 
 class QueueFullError(GenerationError):
     """The engine's queue is at its limit; try again later."""
+
+
+class ShutdownError(GenerationError):
+    """The server stopped before the request finished."""
+
+
+PREFILL_SHARE = 1.0  # a step with prompt rows may cost this much more than its decode rows alone
+MIN_PREFILL_ROWS = 16  # but reads at least this many prompt rows (a prompt always progresses)
+TIMING_WEIGHT = 0.25  # of the newest step in the running estimates of step costs
 
 
 def check_prompt(ids: Sequence[int], vocab_size: int, ctx: int, max_tokens: int | None = None) -> None:
@@ -91,6 +105,7 @@ class RequestHandle:
         self.generated = 0
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
+        self.last_token_at = 0.0
 
     def __iter__(self) -> Iterator[TokenEvent]:
         finished = False
@@ -155,6 +170,7 @@ class _Request:
     logprobs: int | None
     handle: RequestHandle
     constraint: Constraint | None = None  # structured output: the grammar the text must follow
+    embedding: bool = False  # the mean of the final norm's output over the prompt, not generation
 
 
 @dataclass
@@ -165,6 +181,12 @@ class _Sequence:
     rng: np.random.Generator
     generated: list[int] = field(default_factory=list)
     last: int = 0
+    read: int = 0  # prompt tokens in the cache (the prefix cache's among them)
+    normed: np.ndarray | None = None  # an embedding's final-norm output, (prompt, H)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.read < len(self.request.prompt)
 
 
 @dataclass
@@ -173,6 +195,8 @@ class EngineStats:
     finished: int = 0
     errors: int = 0
     rejected: int = 0
+    cancelled: int = 0  # by the client (gone, or a stop string), queued or running
+    embeddings: int = 0
     prompt_tokens: int = 0  # prefilled (computed)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache instead
     generated_tokens: int = 0
@@ -181,22 +205,39 @@ class EngineStats:
     latency_sum: float = 0.0
     latency_count: int = 0
     steps: int = 0
-    batch_tokens: int = 0  # sum of batch sizes over steps
+    batch_tokens: int = 0  # sum of decode rows over steps
+    prefill_steps: int = 0  # steps that read prompt rows
+    # gaps between a running stream's tokens, seconds: a histogram by INTER_TOKEN_BUCKETS
+    inter_token_counts: list = field(default_factory=lambda: [0] * (len(INTER_TOKEN_BUCKETS) + 1))
+    inter_token_sum: float = 0.0
+
+    def note_gap(self, seconds: float) -> None:
+        self.inter_token_counts[bisect.bisect_left(INTER_TOKEN_BUCKETS, seconds)] += 1
+        self.inter_token_sum += seconds
+
+
+INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
 class Engine:
-    """options: max_batch (sequences decoded together), max_queue (requests allowed to wait) and
+    """options: max_batch (sequences decoded together), max_queue (requests allowed to wait),
     cache_mb (the prefix cache's budget, minillm.core.prefix_cache; None: a default from free memory,
-    0: no prefix cache) of minillm.options.Options."""
+    0: no prefix cache) and prefill_chunk (prompt rows per step beside running decodes; None: sized
+    by measured step costs) of minillm.options.Options."""
 
     def __init__(self, model: Model, options: Options = DEFAULTS):
         max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+        self.prefill_chunk = options.prefill_chunk
         self.pool = KVPool(model.config, model.ctx, max_batch)
         self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)
         self.stats = EngineStats()
         self._pending: deque[_Request] = deque()
-        self._active: list[_Sequence] = []
+        self._running: list[_Sequence] = []  # in admission order; prefilling ones hold no logits yet
+        self._claimed = 0  # slots held at the last admission (under _cond; high until the next one)
+        self._shutdown: Exception | None = None
+        self._decode_seconds: float | None = None  # running estimates of a step's costs
+        self._row_seconds: float | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
@@ -229,15 +270,39 @@ class Engine:
             raise GenerationError(f"max_tokens must be >= 1, got {max_tokens}")
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
-        request = _Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint)
+        self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint))
+        return handle
+
+    def submit_embedding(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+        """Queue an embedding of `prompt`: its handle yields one unit-length float32 vector, the
+        mean over the prompt's tokens of the final norm's output. Read in chunks beside the
+        running streams, as prompts are."""
+        prompt = list(prompt)
+        check_prompt(prompt, self.model.config.vocab_size, self.model.ctx)
+        handle = RequestHandle(loop)
+        handle.prompt_tokens = len(prompt)
+        self._queue(_Request(prompt, SamplingParams(), 0, frozenset(), None, handle, embedding=True))
+        return handle
+
+    def _queue(self, request: _Request) -> None:
         with self._cond:
-            if len(self._pending) >= self.max_queue:
+            if self._shutdown is not None:
+                raise self._shutdown
+            self._drop_cancelled_waiting()
+            free = max(self.max_batch - self._claimed, 0)
+            if len(self._pending) >= self.max_queue + free:  # free slots take a burst at once
                 self.stats.rejected += 1
                 raise QueueFullError(f"the queue is full ({self.max_queue} waiting requests)")
             self._pending.append(request)
             self.stats.requests += 1
             self._cond.notify()
-        return handle
+
+    def shut_down(self, error: Exception) -> None:
+        """End every queued and running request with `error` (their readers raise it) and refuse
+        new ones: the server's last act when its shutdown time runs out."""
+        with self._cond:
+            self._shutdown = error
+            self._cond.notify()
 
     @property
     def alive(self) -> bool:
@@ -250,12 +315,12 @@ class Engine:
 
     @property
     def batch_size(self) -> int:
-        return len(self._active)
+        return len(self._running)
 
     @property
     def kv_cache_usage(self) -> float:
         """The fraction of the batch slots' KV positions the running sequences hold."""
-        return sum(s.cache.length for s in list(self._active)) / (self.max_batch * self.model.ctx)
+        return sum(s.cache.length for s in list(self._running)) / (self.max_batch * self.model.ctx)
 
     # ------------------------------------------------------------------ engine thread
 
@@ -265,70 +330,165 @@ class Engine:
                 self._iteration()
             except Exception as e:  # a bug must not leave callers waiting forever
                 error = GenerationError(f"internal engine error: {type(e).__name__}: {e}")
-                for seq in self._active:
+                for seq in self._running:
                     self._fail(seq, error)
-                self._active = []
+                self._running = []
 
     def _iteration(self) -> None:
-        """Admit waiting requests into free slots, drop cancelled ones, run one decode step."""
+        """Admit waiting requests into free slots, drop cancelled ones, run one step."""
         with self._cond:
-            while not self._pending and not self._active:
+            while not self._pending and not self._running and self._shutdown is None:
                 self._cond.wait()
+            if self._shutdown is not None:
+                self._end_all(self._shutdown)
+                self._cond.wait(1.0)
+                return
+            self._drop_cancelled_waiting()
             admitted = []
-            while self._pending and len(self._active) + len(admitted) < self.max_batch:
+            while self._pending and len(self._running) + len(admitted) < self.max_batch:
                 admitted.append(self._pending.popleft())
+            self._claimed = len(self._running) + len(admitted)
         for request in admitted:
-            self._start(request)
-        self._active = [s for s in self._active if not self._drop_if_cancelled(s)]
-        if self._active:
+            self._admit(request)
+        self._running = [s for s in self._running if not self._drop_if_cancelled(s)]
+        if self._running:
             self._step()
+        with self._cond:
+            self._claimed = len(self._running)
 
-    def _start(self, request: _Request) -> None:
-        """Prefill a new request into a free slot and emit its first token."""
-        handle = request.handle
-        if handle.cancelled:
-            handle.finish("cancelled")
-            return
+    def _drop_cancelled_waiting(self) -> None:
+        """Finish queued requests whose reader has gone (under _cond)."""
+        if any(r.handle.cancelled for r in self._pending):
+            for r in [r for r in self._pending if r.handle.cancelled]:
+                self._pending.remove(r)
+                self.stats.cancelled += 1
+                r.handle.finish("cancelled")
+
+    def _end_all(self, error: Exception) -> None:
+        """Shutdown (under _cond): every request ends with `error`."""
+        for seq in self._running:
+            self._fail(seq, error)
+        self._running = []
+        while self._pending:
+            self.stats.errors += 1
+            self._pending.popleft().handle.deliver(error)
+        self._claimed = 0
+
+    def _admit(self, request: _Request) -> None:
+        """Give a request a cache slot, with what the prefix cache holds of its prompt; its
+        prompt is read by the following steps."""
         slot, cache = self.pool.acquire()
         seq = _Sequence(request, slot, cache, np.random.default_rng(request.params.seed))
         try:
-            cached = self.prefix.load(request.prompt, cache)
-            handle.cached_tokens = cached
-            logits = self.model.forward(request.prompt[cached:], cache)
-            self.prefix.store(request.prompt, cache)  # for requests that share this prompt, even now
-            self.model.release_outside_windows(cache)
-            self.stats.prompt_tokens += len(request.prompt) - cached
-            self.stats.cached_tokens += cached
-            if self._advance(seq, logits):
-                self._active.append(seq)
+            seq.read = 0 if request.embedding else self.prefix.load(request.prompt, cache)
+            request.handle.cached_tokens = seq.read
+            self.stats.cached_tokens += seq.read
+            if request.embedding:
+                seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
+            self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)
-        except Exception as e:  # a bug: fail this request, keep serving the others
-            self._fail(seq, GenerationError(f"internal engine error: {type(e).__name__}: {e}"))
+
+    def _prefill_rows(self, decoding: int) -> int:
+        """Prompt rows for this step: all of a chunk when nothing decodes, else as many as cost
+        about PREFILL_SHARE of the decode rows' time (the running streams' tokens stay regular)."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        if not decoding:
+            return PREFILL_CHUNK
+        if self._row_seconds is None or self._decode_seconds is None:
+            return MIN_PREFILL_ROWS
+        return int(min(PREFILL_CHUNK, max(MIN_PREFILL_ROWS, PREFILL_SHARE * self._decode_seconds / self._row_seconds)))
 
     def _step(self) -> None:
-        """One batched decode step for every active sequence."""
-        active = self._active
+        """One batched step: a row for each decoding sequence, then prompt rows of the prefilling
+        ones in admission order, up to the step's share."""
+        decoding = [s for s in self._running if not s.prefilling]
+        budget = self._prefill_rows(len(decoding))
+        tokens, positions, slots, logit_rows = [], [], [], []
+        for s in decoding:
+            logit_rows.append(len(tokens))
+            tokens.append(s.last), positions.append(s.cache.length), slots.append(s.slot)
+        chunks = []  # (sequence, first row, rows)
+        for s in self._running:
+            if budget <= 0:
+                break
+            if not s.prefilling:
+                continue
+            n = min(budget, len(s.request.prompt) - s.read)
+            chunks.append((s, len(tokens), n))
+            tokens += s.request.prompt[s.read : s.read + n]
+            positions += range(s.read, s.read + n)
+            slots += [s.slot] * n
+            if s.read + n == len(s.request.prompt) and not s.request.embedding:
+                logit_rows.append(len(tokens) - 1)
+            budget -= n
+        hidden = None
+        if any(s.request.embedding for s, _, _ in chunks):
+            cfg = self.model.config
+            hidden = np.empty((cfg.num_hidden_layers + 2, len(tokens), cfg.hidden_size), np.float32)
+        started = time.perf_counter()
         try:
-            logits = self.model.decode_batch(
-                [s.last for s in active], [s.cache for s in active], [s.slot for s in active], self.pool
-            )
+            for s in decoding:
+                s.cache.reserve(1)
+            logits = self.model.step(tokens, positions, slots, self.pool, logit_rows, hidden=hidden)
         except MiniLLMError as e:
-            for s in active:
+            for s in self._running:
                 self._fail(s, e)
-            self._active = []
+            self._running = []
             return
+        self._note_cost(time.perf_counter() - started, len(decoding), len(tokens) - len(decoding))
         self.stats.steps += 1
-        self.stats.batch_tokens += len(active)
-        keep = []
-        for s, row in zip(active, logits):
+        self.stats.batch_tokens += len(decoding)
+        self.stats.prefill_steps += bool(chunks)
+        keep = {id(s) for s in self._running}
+        for i, s in enumerate(decoding):
+            s.cache.length += 1
             self.model.release_outside_windows(s.cache)
-            try:
-                if self._advance(s, row):
-                    keep.append(s)
-            except MiniLLMError as e:
-                self._fail(s, e)
-        self._active = keep
+            if not self._advance_or_fail(s, logits[i]):
+                keep.discard(id(s))
+        next_logits = len(decoding)
+        for s, first, n in chunks:
+            s.cache.length += n
+            s.read += n
+            if s.request.embedding and hidden is not None:
+                s.normed[s.read - n : s.read] = hidden[-1, first : first + n]
+            if s.prefilling:
+                continue
+            self.stats.prompt_tokens += len(s.request.prompt) - s.request.handle.cached_tokens
+            if s.request.embedding:
+                self._end_embedding(s)
+                keep.discard(id(s))
+                continue
+            self.prefix.store(s.request.prompt, s.cache)  # for requests that share this prompt, even now
+            self.model.release_outside_windows(s.cache)
+            if not self._advance_or_fail(s, logits[next_logits]):
+                keep.discard(id(s))
+            next_logits += 1
+        self._running = [s for s in self._running if id(s) in keep]
+
+    def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int) -> None:
+        """Update the running estimates of a decode step's time and of a prompt row's."""
+        w = TIMING_WEIGHT
+        if not prompt_rows:
+            d = self._decode_seconds
+            self._decode_seconds = seconds if d is None else (1 - w) * d + w * seconds
+            return
+        base = self._decode_seconds if decode_rows and self._decode_seconds is not None else 0.0
+        row = max(seconds - base, 0.0) / prompt_rows
+        if row > 0:
+            r = self._row_seconds
+            self._row_seconds = row if r is None else (1 - w) * r + w * row
+
+    def _advance_or_fail(self, seq: _Sequence, logits: np.ndarray) -> bool:
+        try:
+            return self._advance(seq, logits)
+        except MiniLLMError as e:
+            self._fail(seq, e)
+            return False
+        except Exception as e:  # a bug: fail this request, keep serving the others
+            self._fail(seq, GenerationError(f"internal engine error: {type(e).__name__}: {e}"))
+            return False
 
     def _advance(self, seq: _Sequence, logits: np.ndarray) -> bool:
         """Sample the next token from `logits`, emit it; False when the sequence is done."""
@@ -348,10 +508,14 @@ class Engine:
         seq.last = token
         self.stats.generated_tokens += 1
         handle.generated += 1
+        now = time.perf_counter()
         if handle.first_token_at is None:
-            handle.first_token_at = time.perf_counter()
+            handle.first_token_at = now
             self.stats.ttft_sum += handle.first_token_at - handle.submitted
             self.stats.ttft_count += 1
+        else:
+            self.stats.note_gap(now - handle.last_token_at)
+        handle.last_token_at = now
         handle.deliver(event)
         if request.constraint is not None and request.constraint.finished:
             return self._end(seq, "stop")
@@ -361,6 +525,14 @@ class Engine:
             return self._end(seq, "context")
         return True
 
+    def _end_embedding(self, seq: _Sequence) -> None:
+        mean = seq.normed.astype(np.float64).mean(axis=0)
+        self.pool.release(seq.slot)
+        self.stats.embeddings += 1
+        self.stats.finished += 1
+        seq.request.handle.deliver((mean / max(np.linalg.norm(mean), 1e-12)).astype(np.float32))
+        seq.request.handle.finish("stop")
+
     def _drop_if_cancelled(self, seq: _Sequence) -> bool:
         if seq.request.handle.cancelled:
             self._end(seq, "cancelled")
@@ -368,11 +540,15 @@ class Engine:
         return False
 
     def _end(self, seq: _Sequence, reason: str) -> bool:
-        self.prefix.store(seq.request.prompt + seq.generated, seq.cache)  # the next turn of a chat resends it
+        if not seq.prefilling and not seq.request.embedding:  # the next turn of a chat resends it
+            self.prefix.store(seq.request.prompt + seq.generated, seq.cache)
         self.pool.release(seq.slot)
-        self.stats.finished += 1
-        self.stats.latency_sum += time.perf_counter() - seq.request.handle.submitted
-        self.stats.latency_count += 1
+        if reason == "cancelled":
+            self.stats.cancelled += 1
+        else:
+            self.stats.finished += 1
+            self.stats.latency_sum += time.perf_counter() - seq.request.handle.submitted
+            self.stats.latency_count += 1
         seq.request.handle.finish(reason)
         return False
 

@@ -261,17 +261,17 @@ class Model:
             c.length += 1
         return logits
 
-    def step(self, tokens, positions, slots, pool, logit_rows=None) -> np.ndarray:
+    def step(self, tokens, positions, slots, pool, logit_rows=None, hidden: np.ndarray | None = None) -> np.ndarray:
         """Any rows in one step: row t is token tokens[t] at position positions[t] of the sequence
         in slot slots[t] of `pool`; a sequence's rows come together, at consecutive positions.
         Returns the logits of logit_rows (default: every row), (G, V), a workspace buffer. The
-        caller advances its caches' lengths."""
+        caller advances its caches' lengths. hidden: as in `forward`, for every row."""
         T = len(tokens)
         with self._lock:
             self._grow(T)
             wanted = T if logit_rows is None else len(logit_rows)
             rows = self._step_rows(np.asarray(tokens, np.int64), np.asarray(positions, np.int64), np.asarray(slots, np.int64), wanted,
-                                   logit_rows=logit_rows)
+                                   logit_rows=logit_rows, hidden=hidden)
             self._run(rows, pool.k, pool.v)
             return rows.logits
 

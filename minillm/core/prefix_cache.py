@@ -17,6 +17,7 @@ bit: the copied keys and values are the same floats its own prefill or decode wo
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Sequence
 
@@ -50,6 +51,9 @@ class PrefixCache:
         per_block = cfg.num_hidden_layers * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim
         self.block_bytes = 2 * 4 * per_block  # keys and values, float32
         self.capacity = max(0, int(budget_mb * 2**20) // self.block_bytes)
+        if budget_mb > 0 and self.capacity == 0:
+            warnings.warn(f"cache-mb {budget_mb:g} is less than one {BLOCK_TOKENS}-token block of this model "
+                          f"({self.block_bytes / 2**20:.2f} MB): the prefix cache is off", stacklevel=2)
         shape = (self.capacity, cfg.num_hidden_layers, cfg.num_key_value_heads, BLOCK_TOKENS, cfg.head_dim)
         self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)
         self._index: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent's uid, tokens) -> block

@@ -32,6 +32,61 @@ class StructuredOutputError(MiniLLMError):
         self.param = param
 
 
+MAX_REGEX_SIZE = 20_000  # a regular expression's size with its counted repetitions written out
+
+
+def check_regex_size(text: str, param: str) -> None:
+    """Refuse a regular expression whose counted repetitions nest into more than MAX_REGEX_SIZE
+    pieces: `(a{1000}){1000}` passes every check llguidance makes up front, then exhausts its
+    lexer some tokens into the reply. Read with Python's parser; syntax it does not take is
+    llguidance's to judge."""
+    import re._constants as c
+    import re._parser as sre
+
+    def size(parsed) -> int:
+        total = 0
+        for op, av in parsed:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                low, high, sub = av
+                total += max(high if high != c.MAXREPEAT else low, 1) * size(sub)
+            elif op is c.SUBPATTERN:
+                total += size(av[-1])
+            elif op is c.BRANCH:
+                total += sum(size(b) for b in av[1])
+            elif op in (c.ASSERT, c.ASSERT_NOT, c.ATOMIC_GROUP):
+                total += size(av[-1])
+            else:
+                total += 1
+            if total > MAX_REGEX_SIZE:
+                return total
+        return total
+
+    try:
+        parsed = sre.parse(text)
+    except (Exception, RecursionError):  # noqa: BLE001 - not Python's syntax: llguidance decides
+        return
+    if size(parsed) > MAX_REGEX_SIZE:
+        raise StructuredOutputError(f"{param}: the regular expression's repetitions are too large to follow "
+                                    f"(more than {MAX_REGEX_SIZE:,} pieces once written out)", param)
+
+
+def _check_schema_patterns(schema, param: str, depth: int = 0) -> None:
+    """check_regex_size on every `pattern` (and patternProperties key) in a JSON schema."""
+    if depth > 64:
+        raise StructuredOutputError(f"{param}: nested too deeply", param)
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "pattern" and isinstance(value, str):
+                check_regex_size(value, param)
+            elif key == "patternProperties" and isinstance(value, dict):
+                for pattern in value:
+                    check_regex_size(pattern, param)
+            _check_schema_patterns(value, param, depth + 1)
+    elif isinstance(schema, list):
+        for value in schema:
+            _check_schema_patterns(value, param, depth + 1)
+
+
 def _llguidance():
     try:
         import llguidance
@@ -57,37 +112,59 @@ class GrammarCompiler:
         """Text that is JSON following `schema` (a dict; {"type": "object"} for any object)."""
         if not isinstance(schema, dict):
             raise StructuredOutputError(f"{param} must be a JSON schema object", param)
+        _check_schema_patterns(schema, param)
         llg = _llguidance()
-        try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-        except ValueError as e:
-            raise StructuredOutputError(f"{param}: {e}", param) from None
-        return self.compile(grammar, param)
+        return self.compile(_built(lambda: llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}),
+                                   param, "not a JSON schema this server can follow"), param)
 
     def lark(self, text: str, param: str) -> "Constraint":
-        return self.compile(_llguidance().LLMatcher.grammar_from_lark(text), param)
+        llg = _llguidance()
+        return self.compile(_built(lambda: llg.LLMatcher.grammar_from_lark(text), param, "not a valid Lark grammar"), param)
 
     def gbnf(self, text: str, param: str) -> "Constraint":
         llg = _llguidance()
         from llguidance.gbnf_to_lark import gbnf_to_lark
 
-        try:
-            lark = gbnf_to_lark(text)
-        except Exception as e:  # its parser raises its own error types
-            raise StructuredOutputError(f"{param}: not a valid GBNF grammar: {e}", param) from None
-        return self.compile(llg.LLMatcher.grammar_from_lark(lark), param)
+        lark = _built(lambda: gbnf_to_lark(text), param, "not a valid GBNF grammar")
+        return self.compile(_built(lambda: llg.LLMatcher.grammar_from_lark(lark), param, "not a valid GBNF grammar"), param)
 
     def regex(self, text: str, param: str) -> "Constraint":
-        return self.compile(_llguidance().LLMatcher.grammar_from_regex(text), param)
+        check_regex_size(text, param)
+        llg = _llguidance()
+        return self.compile(_built(lambda: llg.LLMatcher.grammar_from_regex(text), param, "not a valid regular expression"), param)
 
     def compile(self, grammar: str, param: str) -> "Constraint":
         """A Constraint from a grammar in llguidance's form (what the methods above produce, and
-        Constraint.grammar holds, so another process can compile the same one)."""
+        Constraint.grammar holds, so another process can compile the same one). Its first mask is
+        computed here: a grammar that cannot start, or costs more than llguidance's limits, is
+        refused now (the caller's thread), never at the first token (the engine's)."""
         llg = _llguidance()
-        error = llg.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        limits = llg.LLParserLimits(verbose_errors=False)  # errors name the problem, not the parser's state
+        error = _built(lambda: llg.LLMatcher.validate_grammar(grammar, self._tokenizer, limits=limits), param, "not a valid grammar")
         if error:
-            raise StructuredOutputError(f"{param}: {error.splitlines()[0]}", param)
-        return Constraint(llg.LLMatcher(self._tokenizer, grammar, log_level=0), self.vocab_size, grammar)
+            raise StructuredOutputError(f"{param}: {_first_line(error)}", param)
+        constraint = Constraint(llg.LLMatcher(self._tokenizer, grammar, log_level=0, limits=limits), self.vocab_size, grammar)
+        constraint.matcher.unsafe_compute_mask_ptr(constraint._bits.ctypes.data, constraint._bits.nbytes)
+        if constraint.matcher.is_error() or not constraint._bits.any():
+            reason = _first_line(constraint.matcher.get_error()) if constraint.matcher.is_error() else "no text can follow it"
+            raise StructuredOutputError(f"{param}: this grammar cannot be served: {reason}", param)
+        return constraint
+
+
+def _first_line(message: str) -> str:
+    return (message or "").strip().splitlines()[0][:300] if (message or "").strip() else "unknown error"
+
+
+def _built(build, param: str, what: str):
+    """build(), its errors (whatever the library raises for bad input) as StructuredOutputError."""
+    try:
+        return build()
+    except UnicodeError:
+        raise StructuredOutputError(f"{param}: {what}: the text is not valid Unicode", param) from None
+    except RecursionError:
+        raise StructuredOutputError(f"{param}: {what}: nested too deeply", param) from None
+    except Exception as e:  # noqa: BLE001 - llguidance and its GBNF converter raise their own types
+        raise StructuredOutputError(f"{param}: {what}: {_first_line(str(e))}", param) from None
 
 
 class Constraint:
@@ -106,11 +183,11 @@ class Constraint:
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         kernels.mask_logits(logits, self._bits)
         if self.matcher.is_error():
-            raise MiniLLMError(f"structured output failed: {self.matcher.get_error()}")
+            raise StructuredOutputError(f"the grammar failed while generating: {_first_line(self.matcher.get_error())}", "grammar")
 
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise MiniLLMError(f"structured output failed: {self.matcher.get_error()}")
+            raise StructuredOutputError(f"the grammar failed while generating: {_first_line(self.matcher.get_error())}", "grammar")
 
     @property
     def finished(self) -> bool:

@@ -30,7 +30,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
-from ..core.engine import QueueFullError, RequestHandle, TokenEvent, check_prompt
+from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, TokenEvent, check_prompt
 from ..errors import GenerationError, MiniLLMError, UsageError
 from ..options import Options
 
@@ -186,9 +186,12 @@ class RemoteEngine:
 
     @property
     def stats(self):
-        keys = ("requests", "finished", "errors", "rejected", "prompt_tokens", "cached_tokens", "generated_tokens",
-                "ttft_sum", "ttft_count", "latency_sum", "latency_count", "steps", "batch_tokens")
-        return SimpleNamespace(**{k: self._sum(k) for k in keys})
+        keys = ("requests", "finished", "errors", "rejected", "cancelled", "embeddings", "prompt_tokens", "cached_tokens",
+                "generated_tokens", "ttft_sum", "ttft_count", "latency_sum", "latency_count", "steps", "batch_tokens",
+                "prefill_steps", "inter_token_sum")
+        buckets = len(INTER_TOKEN_BUCKETS) + 1
+        gaps = [sum(c) for c in zip(*(r.get("inter_token_counts", [0] * buckets) for r in self.reports.values()))]
+        return SimpleNamespace(**{k: self._sum(k) for k in keys}, inter_token_counts=gaps or [0] * buckets)
 
     @property
     def queue_depth(self) -> int:
@@ -336,7 +339,7 @@ def build_app(options: Options):
             self.engine_handle = engine_handle
 
         def __serve_build_asgi_app__(self):
-            app = create_app(None, options.served_name, options.api_key)
+            app = create_app(None, options.served_name, options.api_key, options)
             app.state.service.attach(RemoteLLM(options, self.engine_handle, count, "EngineReplica"))
             return app
 

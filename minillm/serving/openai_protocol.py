@@ -23,9 +23,11 @@ SSE_DONE = "data: [DONE]\n\n"
 class APIError(Exception):
     """An error response: HTTP status and OpenAI's {"error": {...}} body."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers  # e.g. Retry-After
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -178,6 +180,7 @@ class EmbeddingRequest(StrictModel):
     model: str | None = None
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     dimensions: int | None = None
 

@@ -1,35 +1,43 @@
 """An OpenAI-compatible HTTP server over the batching engine (FastAPI on uvicorn).
 
     python cli.py serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--ctx N] [--max-batch N]
-                        [--max-queue N] [--api-key KEY]
+                        [--max-queue N] [--api-key KEY] [--max-body-mb MB] [--allowed-hosts NAMES]
 
 GET / is a chat page (minillm/static/chat.html). POST /v1/completions, POST /v1/chat/completions (stream: true gives SSE chunks ending with
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
 Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 for any invalid
-request (never 422), 401 for a wrong API key, 404 for an unknown route, 429 when the queue is full.
+request (never 422), 401 for a wrong API key, 404 for an unknown route or model, 413 for a body past
+--max-body-mb, 429 (with Retry-After) when the queue is full.
 Request schemas and response shapes live in minillm.serving.openai_protocol.
+
+The event loop only does I/O: the Host, the key and the body's size are checked before its first
+byte is read (minillm.serving.gate); parsing, validating, templating, tokenizing and compiling
+grammars run on worker threads. A client that goes away cancels its request, streamed or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import re
 import time
 import uuid
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..api import LLM
 from ..core.detokenize import TextAssembler
-from ..core.engine import QueueFullError, RequestHandle, TokenEvent
+from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, ShutdownError, TokenEvent
 from ..core.structured import StructuredOutputError, response_format_constraint
 from ..errors import ContextLengthError, MiniLLMError
-from ..options import Options
+from ..options import DEFAULTS, Options
 from . import openai_protocol as oai
 from .openai_protocol import (
     APIError,
@@ -40,10 +48,93 @@ from .openai_protocol import (
     SamplingRequest,
     TokenizeRequest,
 )
-from .tools import call_grammar, check_tools, forced_names, parse_tool_calls, template_format, template_messages
+from .gate import Gate
+from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, parse_tool_calls,
+                    template_format, template_messages)
 
-MAX_PROMPT_CHARS_PER_TOKEN = 64
-CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"  # a prompt longer than ctx * this many characters cannot fit
+MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt longer than ctx * this many characters cannot fit
+CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
+RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # JSON's way to write half of a UTF-16 pair
+T = TypeVar("T")
+
+
+def engine_error(e: MiniLLMError) -> APIError:
+    """An error the engine raised for a running request, as the client sees it."""
+    if isinstance(e, ShutdownError):
+        return APIError(503, str(e), type="service_unavailable", code="shutting_down")
+    if isinstance(e, StructuredOutputError):  # the request's grammar, not the server, failed
+        return APIError(400, str(e), param=e.param, code="grammar_failed")
+    return APIError(500, str(e).splitlines()[0] if str(e) else type(e).__name__, type="server_error")
+
+
+def parse_body(raw: bytes, schema: type[T], ctx: int | None = None) -> T:
+    """A request body as `schema`, or a 400 naming what is wrong: not JSON, not UTF-8, text that
+    is not Unicode (a lone UTF-16 surrogate), or a field the schema refuses. Runs off the loop,
+    but parsing holds the GIL, so a chat of more messages than the context (`ctx`) has tokens
+    is refused before it is validated, templated and tokenized (seconds at 100,000 messages)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for field in ("messages", "prompt"):
+        if ctx is not None and isinstance(data.get(field), list) and len(data[field]) > ctx:
+            raise APIError(400, f"{field}: {len(data[field])} items cannot fit this model's context of {ctx} tokens",
+                           param=field, code="context_length_exceeded")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(data, "")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def _check_unicode(value, where: str) -> None:
+    """Every string in `value` encodes as UTF-8 (no lone surrogates); a 400 naming the field."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, f"{where or 'body'}: the text contains an unpaired UTF-16 surrogate, which is not Unicode",
+                           param=where or None) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k, where)
+            _check_unicode(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, f"{where}[{i}]")
+
+
+def validation_error(errors: list) -> APIError:
+    """pydantic's first complaint as OpenAI's 400, naming the field."""
+    first = errors[0] if errors else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = str(first.get("msg", "invalid request")).splitlines()[0][:300]
+    return APIError(400, f"{loc + ': ' if loc else ''}{message}", param=loc or None)
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T | Response:
+    """`work`'s result, or, if the client goes away first, `work` cancelled (its requests leave
+    the engine at the next step) and an empty response nobody reads."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnect():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Response(status_code=499)
+    finally:
+        watcher.cancel()
 
 
 class Generation:
@@ -76,7 +167,7 @@ class Generation:
                 text.append(piece)
                 events += piece_events
         except MiniLLMError as e:
-            raise APIError(500, str(e), type="server_error") from None
+            raise engine_error(e) from None
         return "".join(text), events
 
     def usage(self, completion_tokens: int) -> dict:
@@ -120,7 +211,7 @@ class Choices:
                 if include_usage:
                     yield oai.sse(oai.usage_chunk(self.id, self.created, self.model, kind, self.usage(generated)))
             except MiniLLMError as e:
-                yield oai.sse(APIError(500, str(e), type="server_error").body())
+                yield oai.sse(engine_error(e).body())
             yield oai.SSE_DONE
 
         return StreamingResponse(events_out(), media_type="text/event-stream")
@@ -162,32 +253,50 @@ async def _merged(streams: list[AsyncIterator]) -> AsyncIterator:
 
 
 class ChatTools:
-    """A chat request's tools: what the template gets, the grammar a forced call follows, and
-    reading calls back from the reply (minillm.serving.tools). A template without tools is a 400."""
+    """A chat request's tools: what the template gets, the grammar a reply follows, and reading
+    calls back from the reply (minillm.serving.tools). A template that takes no tools gets them in
+    the generic format: described in a system message, every reply constrained to a call or an answer."""
 
     def __init__(self, service: "Service", body: ChatRequest):
         self.active = bool(body.tools) and body.tool_choice != "none"
-        self.template_tools, self.grammar, self.functions = None, None, {}
+        self.template_tools, self.grammar, self.functions, self.system = None, None, {}, None
         if not body.tools:
             if body.tool_choice not in (None, "none", "auto"):
                 raise APIError(400, "tool_choice needs tools", param="tool_choice")
             return
         tokenizer = service.tokenizer
-        if not tokenizer.supports_tools:
-            raise APIError(400, "this model's chat template does not take tools", param="tools")
         try:
             self.functions = check_tools(body.tools)
-            self.format = template_format(tokenizer.chat_template)
+            self.format = template_format(tokenizer.chat_template) if tokenizer.supports_tools else "generic"
             forced = forced_names(self.functions, body.tool_choice)
         except StructuredOutputError as e:
             raise APIError(400, str(e), param=e.param) from None
-        if self.active:
+        if not self.active:
+            return
+        if self.format == "generic":
+            self.system = generic_system_text(body.tools, forced)
+            self.grammar = call_grammar(self.functions, forced or list(self.functions), "generic", may_answer=forced is None)
+        else:
             self.template_tools = body.tools
             if forced is not None:
                 self.grammar = call_grammar(self.functions, forced, self.format)
 
+    def messages(self, messages: list[dict]) -> list[dict]:
+        """The chat as the template reads it."""
+        if self.system is not None:
+            return generic_messages(messages, self.system)
+        return template_messages(messages)
+
     def parse(self, text: str):
         return parse_tool_calls(text, self.format, self.functions)
+
+
+class Prepared:
+    """A request made ready off the event loop: its prompt's tokens and each choice's sampling
+    settings and grammar (compiled, its first mask computed)."""
+
+    def __init__(self, prompt_ids: list[int], plans: list[tuple], tools: ChatTools | None = None):
+        self.prompt_ids, self.plans, self.tools = prompt_ids, plans, tools
 
 
 class Service:
@@ -199,6 +308,7 @@ class Service:
         self.llm: LLM | None = None
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
+        self.max_body_bytes = int(DEFAULTS.max_body_mb * 2**20)
         if llm is not None:
             self.attach(llm)
 
@@ -213,58 +323,104 @@ class Service:
         if self.llm is None:
             raise APIError(503, "the model is still loading", type="service_unavailable", code="model_loading")
 
-    def authorize(self, request: Request) -> None:
-        """The API key if one is set, and a loaded model (503 before)."""
-        self.require_ready()
-        if self.api_key is not None and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            raise APIError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
+    def model_object(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "minillm"}
 
-    def check_prompt_text(self, text: str) -> None:
+    async def parse(self, request: Request, schema: type[T]) -> T:
+        """The body as `schema` (a 400 naming the field otherwise), read here, parsed off the loop;
+        503 while the model loads (the Gate has checked the key and the declared size)."""
+        self.require_ready()
+        size, chunks = 0, []
+        async for chunk in request.stream():  # a body sent without Content-Length is counted as it comes
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise APIError(413, f"the request body is larger than this server takes ({self.max_body_bytes // 2**20} MB; --max-body-mb)",
+                               code="body_too_large")
+            chunks.append(chunk)
+        return await asyncio.to_thread(parse_body, b"".join(chunks), schema, self.ctx)
+
+    def check_prompt_text(self, text: str, param: str = "prompt") -> None:
         """Refuse text that cannot fit before spending time on tokenizing it."""
         if len(text) > self.ctx * MAX_PROMPT_CHARS_PER_TOKEN:
-            raise APIError(400, f"the prompt is far longer than this model's context of {self.ctx} tokens", param="prompt", code="context_length_exceeded")
+            raise APIError(400, f"the prompt is far longer than this model's context of {self.ctx} tokens", param=param, code="context_length_exceeded")
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
-    def start_choices(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None) -> Choices:
-        """body.n generations of the prompt (seeds seed, seed + 1, ..., when a seed is given)."""
+    def encode(self, text: str, param: str, **kwargs) -> list[int]:
+        self.check_prompt_text(text, param)
+        try:
+            return self.tokenizer.encode(text, **kwargs)
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param=param) from None
+
+    # ---------------------------------------------------------------- off the loop
+
+    def prepare_completion(self, body: CompletionRequest) -> Prepared:
+        prompt_ids = self.encode(body.prompt, "prompt") if isinstance(body.prompt, str) else list(body.prompt)
+        return Prepared(prompt_ids, self.plans(body))
+
+    def prepare_chat(self, body: ChatRequest) -> Prepared:
+        messages = body.chat_messages()
+        self.check_prompt_text("".join(m["content"] or "" for m in messages), "messages")
+        tools = ChatTools(self, body)
+        try:
+            prompt_ids = self.tokenizer.encode_chat(tools.messages(messages), tools=tools.template_tools)
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param="messages") from None
+        return Prepared(prompt_ids, self.plans(body, tools.grammar), tools)
+
+    def plans(self, body: SamplingRequest, tool_grammar: str | None = None) -> list[tuple]:
+        """(sampling settings, constraint) of each of the body.n choices (seeds seed, seed + 1, ..,
+        when a seed is given); every field checked, every grammar compiled, here."""
+        vocab = self.llm.model.config.vocab_size
+        try:
+            params = body.sampling()
+            bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})", param="logit_bias")
+            if any(not -100 <= b <= 100 for _, b in params.logit_bias):
+                raise APIError(400, "logit_bias: values must be between -100 and 100", param="logit_bias")
+            if tool_grammar is not None and (body.response_format or body.grammar):
+                raise StructuredOutputError("a forced tool call cannot also follow response_format or grammar", "tool_choice")
+            plans = []
+            for i in range(body.n):
+                seeded = dataclasses.replace(params, seed=params.seed + i) if i and params.seed is not None else params
+                if tool_grammar is not None:
+                    constraint = self.llm.grammars.lark(tool_grammar, "tools")
+                else:
+                    constraint = response_format_constraint(self.llm.grammars, body.response_format, body.grammar)
+                plans.append((seeded, constraint))
+            return plans
+        except StructuredOutputError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        except MiniLLMError as e:
+            raise APIError(400, str(e)) from None
+
+    # ---------------------------------------------------------------- on the loop
+
+    def start_choices(self, prepared: Prepared, body: SamplingRequest, id_prefix: str) -> Choices:
+        """The prepared choices submitted to the engine, which checks the prompt; its errors become
+        400, 429 or the context_length_exceeded 400."""
         gens: list[Generation] = []
         try:
-            for i in range(body.n):
-                gens.append(self.start(prompt_ids, body, id_prefix, tool_grammar, seed_offset=i))
+            for params, constraint in prepared.plans:
+                gens.append(self.start(prepared.prompt_ids, body, id_prefix, params, constraint))
         except APIError:
             for gen in gens:
                 gen.handle.cancel()
             raise
         return Choices(gens)
 
-    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, tool_grammar: str | None = None,
-              seed_offset: int = 0) -> Generation:
-        """Submit to the engine, which checks the prompt; its errors become 400, 429 or the
-        context_length_exceeded 400. tool_grammar: a Lark grammar forcing a tool call."""
+    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint) -> Generation:
         assembler = TextAssembler(self.tokenizer, body.stops())
-        try:
-            params = body.sampling()
-            if seed_offset and params.seed is not None:
-                params = dataclasses.replace(params, seed=params.seed + seed_offset)
-            if tool_grammar is not None and (body.response_format or body.grammar):
-                raise StructuredOutputError("a forced tool call cannot also follow response_format or grammar", "tool_choice")
-            if tool_grammar is not None:
-                constraint = self.llm.grammars.lark(tool_grammar, "tools")
-            else:
-                constraint = response_format_constraint(self.llm.grammars, body.response_format, body.grammar)
-        except StructuredOutputError as e:
-            raise APIError(400, str(e), param=e.param) from None
-        except MiniLLMError as e:
-            raise APIError(400, str(e)) from None
         try:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
                 body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True, constraint=constraint,
             )
         except QueueFullError as e:
-            raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
+            raise queue_full(e) from None
         except ContextLengthError as e:
             raise APIError(400, str(e), param=e.param, code="context_length_exceeded") from None
         except MiniLLMError as e:
@@ -277,12 +433,14 @@ class Service:
         lines = [
             ("minillm_requests_total", "counter", "Requests accepted by the engine", s.requests),
             ("minillm_requests_finished_total", "counter", "Requests that finished", s.finished),
+            ("minillm_requests_cancelled_total", "counter", "Requests cancelled by their client, queued or running", s.cancelled),
             ("minillm_request_errors_total", "counter", "Requests rejected or failed", self.errors + s.errors),
             ("minillm_requests_rejected_queue_full_total", "counter", "Requests refused with 429", s.rejected),
             ("minillm_prompt_tokens_total", "counter", "Prompt tokens prefilled (computed)", s.prompt_tokens),
             ("minillm_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache", s.cached_tokens),
             ("minillm_generated_tokens_total", "counter", "Tokens generated", s.generated_tokens),
-            ("minillm_decode_steps_total", "counter", "Batched decode steps", s.steps),
+            ("minillm_decode_steps_total", "counter", "Batched steps", s.steps),
+            ("minillm_prefill_steps_total", "counter", "Batched steps that read prompt tokens (chunked prefill)", s.prefill_steps),
             ("minillm_queue_depth", "gauge", "Requests waiting for a slot", engine.queue_depth),
             ("minillm_batch_size", "gauge", "Sequences in the running batch", engine.batch_size),
             ("minillm_time_to_first_token_seconds_sum", "counter", "Sum of times to first token", s.ttft_sum),
@@ -298,14 +456,40 @@ class Service:
             ("minillm:prefix_cache_blocks", "gauge", "Blocks held by the prefix cache", engine.prefix.blocks_used),
         ]
         text = "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in lines)
+        text += _histogram("minillm:inter_token_latency_seconds", "Time between a stream's tokens",
+                           s.inter_token_counts, s.inter_token_sum)
         extra = getattr(engine, "extra_metrics", None)  # a cluster's routing and replicas
         return text + (extra() if extra is not None else "")
 
+    def shut_down(self) -> None:
+        """End every running and queued request now, with an error its client sees."""
+        engine = getattr(self.llm, "engine", None) if self.llm is not None else None
+        if engine is not None and hasattr(engine, "shut_down"):
+            engine.shut_down(ShutdownError("the server is shutting down; the request did not finish"))
 
-def create_app(llm: LLM | None, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The app; with llm None it answers 503 until app.state.service.attach(llm)."""
+
+def _histogram(name: str, help: str, counts: list[int], total: float) -> str:
+    """A Prometheus histogram over INTER_TOKEN_BUCKETS (cumulative buckets, +Inf, sum, count)."""
+    out, running = [f"# HELP {name} {help}\n# TYPE {name} histogram\n"], 0
+    for bound, n in zip((*INTER_TOKEN_BUCKETS, "+Inf"), counts):
+        running += n
+        out.append(f'{name}_bucket{{le="{bound}"}} {running}\n')
+    out.append(f"{name}_sum {total}\n{name}_count {running}\n")
+    return "".join(out)
+
+
+def queue_full(e: QueueFullError) -> APIError:
+    return APIError(429, str(e), type="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, options: Options = DEFAULTS) -> FastAPI:
+    """The app; with llm None it answers 503 until app.state.service.attach(llm). options: the
+    HTTP server's (host, max_body_mb, allowed_hosts, allowed_origins)."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
     service = app.state.service = Service(llm, model_name, api_key)
+    service.max_body_bytes = int(options.max_body_mb * 2**20)
+    app.add_middleware(Gate, service=service, bind=options.host, allowed_hosts=options.allowed_hosts,
+                       allowed_origins=options.allowed_origins, max_body_bytes=service.max_body_bytes)
     _add_error_handlers(app, service)
     _add_service_routes(app, service)
     _add_completion_routes(app, service)
@@ -330,9 +514,17 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         return JSONResponse(report, status_code=200 if report["status"] == "ok" else 503)
 
     @app.get("/v1/models")
-    async def models(request: Request):
-        service.authorize(request)
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": service.created, "owned_by": "minillm"}]}
+    async def models():
+        service.require_ready()
+        return {"object": "list", "data": [service.model_object()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        service.require_ready()
+        if model_id != model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server runs {model_name!r}",
+                           type="not_found_error", param="model", code="model_not_found")
+        return service.model_object()
 
     @app.get("/metrics")
     async def metrics():
@@ -340,52 +532,88 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest, request: Request):
-        service.authorize(request)
-        service.check_prompt_text(body.content)
-        ids = service.tokenizer.encode(body.content, add_special_tokens=body.add_special)
-        if body.with_pieces:
-            return {"tokens": [{"id": t, "piece": service.token_text(t)} for t in ids]}
-        return {"tokens": ids}
+    async def tokenize(request: Request):
+        body = await service.parse(request, TokenizeRequest)
+
+        def run():
+            ids = service.encode(body.content, "content", add_special_tokens=body.add_special)
+            if body.with_pieces:
+                return {"tokens": [{"id": t, "piece": service.token_text(t)} for t in ids]}
+            return {"tokens": ids}
+
+        return await asyncio.to_thread(run)
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest, request: Request):
-        service.authorize(request)
+    async def detokenize(request: Request):
+        body = await service.parse(request, DetokenizeRequest)
         vocab = service.llm.model.config.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
-        return {"content": service.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return {"content": await asyncio.to_thread(service.tokenizer.decode, body.tokens, skip_special_tokens=False)}
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, request: Request):
-        service.authorize(request)
+    async def embeddings(request: Request):
+        body = await service.parse(request, EmbeddingRequest)
         items = body.input if isinstance(body.input, list) and body.input and not isinstance(body.input[0], int) else [body.input]
-        if not items or any(isinstance(i, str) and not i for i in items):
+        if not items or any(not i for i in items):
             raise APIError(400, "input must be non-empty text or token ids", param="input")
-        for item in items:
-            if isinstance(item, str):
-                service.check_prompt_text(item)
-        try:  # the model's lock keeps this off the engine's parallel regions; a thread keeps the loop free
-            vectors = await asyncio.to_thread(service.llm.embed, items)
-        except ContextLengthError as e:
-            raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
+        hidden = service.llm.model.config.hidden_size
+        if body.dimensions is not None and body.dimensions != hidden:
+            raise APIError(400, f"dimensions: this model's embeddings have {hidden} dimensions and cannot be shortened", param="dimensions")
+
+        def tokenize_all():
+            prompts = [service.encode(i, "input") if isinstance(i, str) else list(i) for i in items]
+            for ids in prompts:
+                try:
+                    service.llm.check_prompt(ids)
+                except ContextLengthError as e:
+                    raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
+                except MiniLLMError as e:
+                    raise APIError(400, str(e), param="input") from None
+            return prompts
+
+        prompts = await asyncio.to_thread(tokenize_all)
+        vectors = await until_disconnected(request, _embed(service, prompts))
+        if isinstance(vectors, Response):
+            return vectors
+        return oai.embedding_list(vectors, model_name, sum(map(len, prompts)), body.encoding_format)
+
+
+async def _embed(service: Service, prompts: list[list[int]]):
+    """Each prompt's embedding, read by the engine beside the running streams; cancelled, every
+    unfinished one leaves the engine."""
+    engine = service.llm.engine
+    if not hasattr(engine, "submit_embedding"):  # a cluster's replicas embed in their own engines
+        return await asyncio.to_thread(service.llm.embed, prompts)
+    loop = asyncio.get_running_loop()
+
+    async def one(ids):
+        try:
+            handle = engine.submit_embedding(ids, loop=loop)
+        except QueueFullError as e:
+            raise queue_full(e) from None
+        try:
+            return [v async for v in handle.events()][0]
         except MiniLLMError as e:
-            raise APIError(400, str(e), param="input") from None
-        tokens = sum(len(service.tokenizer.encode(i)) if isinstance(i, str) else len(i) for i in items)
-        return oai.embedding_list(vectors, model_name, tokens, body.encoding_format)
+            raise engine_error(e) from None
+
+    results, window = [], max(1, engine.max_batch)
+    for start in range(0, len(prompts), window):  # more at once would only wait in the queue
+        results += await asyncio.gather(*(one(ids) for ids in prompts[start : start + window]))
+    return results
 
 
 def _add_completion_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        service.authorize(request)
-        if isinstance(body.prompt, str):
-            service.check_prompt_text(body.prompt)
-        prompt_ids = service.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    async def completions(request: Request):
+        body = await service.parse(request, CompletionRequest)
         if body.echo and body.logprobs is not None:
             raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
-        echoed = (body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt_ids)) if body.echo else ""
-        choices = service.start_choices(prompt_ids, body, "cmpl")
+        prepared = await asyncio.to_thread(service.prepare_completion, body)
+        echoed = ""
+        if body.echo:
+            echoed = body.prompt if isinstance(body.prompt, str) else await asyncio.to_thread(service.tokenizer.decode, prepared.prompt_ids)
+        choices = service.start_choices(prepared, body, "cmpl")
 
         def choice(i: int, text: str, reason: str | None, events: list[TokenEvent]) -> dict:
             logprobs = None if body.logprobs is None else oai.completion_logprobs(events, service.token_text)
@@ -399,7 +627,9 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
                     yield choice(i, text, gen.finish_reason() if final else None, events), len(events)
 
             return choices.sse_response(chunks, "text_completion", body.include_usage)
-        results = await choices.collect()
+        results = await until_disconnected(request, choices.collect())
+        if isinstance(results, Response):
+            return results
         return dict(choices.response("text_completion", [choice(i, echoed + text, gen.finish_reason(), events)
                                                           for i, (gen, (text, events)) in enumerate(results)]),
                     usage=choices.usage(sum(len(events) for _, (_, events) in results)))
@@ -407,16 +637,11 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
 
 def _add_chat_route(app: FastAPI, service: Service) -> None:
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
-        service.authorize(request)
-        messages = body.chat_messages()
-        service.check_prompt_text("".join(m["content"] or "" for m in messages))
-        tools = ChatTools(service, body)
-        try:
-            prompt_ids = service.tokenizer.encode_chat(template_messages(messages), tools=tools.template_tools)
-        except MiniLLMError as e:
-            raise APIError(400, str(e), param="messages") from None
-        choices = service.start_choices(prompt_ids, body, "chatcmpl", tools.grammar)
+    async def chat_completions(request: Request):
+        body = await service.parse(request, ChatRequest)
+        prepared = await asyncio.to_thread(service.prepare_chat, body)
+        tools = prepared.tools
+        choices = service.start_choices(prepared, body, "chatcmpl")
         logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
 
         def reply(i: int, gen: Generation, text: str, events: list[TokenEvent], streamed: bool) -> dict:
@@ -440,7 +665,9 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
                         yield oai.chat_delta_choice(i, delta, gen.finish_reason() if final else None, logprobs(events)), len(events)
 
             return choices.sse_response(chunks, "chat.completion.chunk", body.include_usage)
-        results = await choices.collect()
+        results = await until_disconnected(request, choices.collect())
+        if isinstance(results, Response):
+            return results
         return dict(choices.response("chat.completion", [reply(i, gen, text, events, streamed=False)
                                                           for i, (gen, (text, events)) in enumerate(results)]),
                     usage=choices.usage(sum(len(events) for _, (_, events) in results)))
@@ -453,15 +680,11 @@ def _add_error_handlers(app: FastAPI, service: Service) -> None:
     def respond(error: APIError, counted: bool = True) -> JSONResponse:
         if counted:
             service.errors += 1
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        if first.get("type") == "json_invalid":
-            return respond(APIError(400, "the request body is not valid JSON"))
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return respond(APIError(400, f"{loc + ': ' if loc else ''}{first.get('msg', 'invalid request')}", param=loc or None))
+        return respond(validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException):
@@ -478,22 +701,34 @@ def _add_error_handlers(app: FastAPI, service: Service) -> None:
 
 
 def serve(load: Callable[[], LLM], options: Options, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
-    """Serve at once (options: host, port, api_key, model name, shutdown_timeout), answering 503
-    (and /health "loading") while `load()` runs in a thread; on SIGTERM or Ctrl-C stop accepting
-    and let running requests finish for up to options.shutdown_timeout seconds. Returns the error
-    that stopped loading, if any."""
+    """Serve at once (options: host, port, api_key, model name, shutdown_timeout, and the Gate's),
+    answering 503 (and /health "loading") while `load()` runs in a thread; on SIGTERM or Ctrl-C
+    stop accepting and let running requests finish for up to options.shutdown_timeout seconds,
+    then end the rest with an error event (streams) or a 503. Returns the error that stopped
+    loading, if any."""
     import threading
 
     import uvicorn
 
-    app = create_app(None, options.served_name, options.api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
-                                           timeout_graceful_shutdown=options.shutdown_timeout))
+    app = create_app(None, options.served_name, options.api_key, options)
+    service: Service = app.state.service
     failed: list[MiniLLMError] = []
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:  # the first signal: unfinished requests end just before uvicorn's deadline
+                grace = options.shutdown_timeout
+                timer = threading.Timer(max(grace - min(1.0, grace / 2), 0.0), service.shut_down)
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                                   timeout_graceful_shutdown=options.shutdown_timeout))
 
     def load_model():
         try:
-            app.state.service.attach(load())
+            service.attach(load())
             if on_ready is not None:
                 on_ready()
         except MiniLLMError as e:

@@ -5,6 +5,9 @@ Formats, chosen from the template's own text:
     hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more (Hermes, Qwen 2.5/3, SmolLM3)
     mistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
     llama3   {"name": ..., "parameters": {...}}, the whole reply (Llama 3.1+, optionally after <|python_tag|>)
+    generic  {"tool_call": {"name": ..., "arguments": {...}}} or {"response": "..."}, for templates
+             that take no tools (as llama.cpp's server does): the tools are described in a system
+             message and every reply is constrained to one of those two objects
 tool_choice "required" or a named function constrains the reply to one such call whose arguments
 follow the function's JSON schema (a Lark grammar with an embedded JSON schema, minillm.core.structured),
 so they always parse.
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from ..core.structured import StructuredOutputError, strict_schema
 
-FORMATS = ("hermes", "mistral", "llama3")
+FORMATS = ("hermes", "mistral", "llama3", "generic")
 
 
 def template_format(template: str) -> str:
@@ -71,14 +74,22 @@ def forced_names(functions: dict[str, dict], tool_choice) -> list[str] | None:
     return [name]
 
 
-def call_grammar(functions: dict[str, dict], names: list[str], fmt: str) -> str:
-    """A Lark grammar (llguidance) for exactly one call of one of `names`, in the format `fmt`."""
+def call_grammar(functions: dict[str, dict], names: list[str], fmt: str, may_answer: bool = False) -> str:
+    """A Lark grammar (llguidance) for exactly one call of one of `names`, in the format `fmt`
+    (generic's with may_answer: or an answer in words)."""
     key = "parameters" if fmt == "llama3" else "arguments"
     # arguments as OpenAI's strict mode reads a schema (no unlisted properties), so the call ends
     options = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                 "properties": {"name": {"const": name}, key: strict_schema(functions[name])}} for name in names]
+    if fmt == "generic":
+        options = [{"type": "object", "additionalProperties": False, "required": ["tool_call"], "properties": {"tool_call": o}}
+                   for o in options]
+        if may_answer:
+            options.append({"type": "object", "additionalProperties": False, "required": ["response"],
+                            "properties": {"response": {"type": "string"}}})
     call = "%json " + json.dumps({"anyOf": options, "x-guidance": {"whitespace_flexible": False}})
-    start = {"hermes": '"<tool_call>\\n" call "\\n</tool_call>"', "mistral": '"[TOOL_CALLS] [" call "]"', "llama3": "call"}[fmt]
+    start = {"hermes": '"<tool_call>\\n" call "\\n</tool_call>"', "mistral": '"[TOOL_CALLS] [" call "]"', "llama3": "call",
+             "generic": "call"}[fmt]
     return f"start: {start}\ncall: {call}\n"
 
 
@@ -86,6 +97,19 @@ def parse_tool_calls(text: str, fmt: str, functions: dict[str, dict]) -> tuple[s
     """(content, calls) of a reply: the calls it makes in `fmt`, and the text outside them (None
     when there is none). Text that does not parse as calls of known functions stays content."""
     calls: list[ToolCall] = []
+    if fmt == "generic":
+        data = _json(text.strip())
+        if isinstance(data, dict) and "tool_call" in data:
+            call = _call(data["tool_call"], "arguments", functions)
+            return (None, [call]) if call is not None else (text.strip() or None, [])
+        if isinstance(data, dict) and isinstance(data.get("response"), str):
+            return data["response"] or None, []
+        cut = re.match(r'\s*\{\s*"response"\s*:\s*"(.*)', text, re.S)  # an answer cut by max_tokens
+        if cut:
+            partial = _json('"' + cut.group(1).rstrip("\\") + '"')
+            if isinstance(partial, str):
+                return partial or None, []
+        return text.strip() or None, []
     if fmt == "hermes":
         rest = text
         for match in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S):
@@ -142,4 +166,36 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 calls.append(dict(c, function=fn))
             m["tool_calls"] = calls
         out.append(m)
+    return out
+
+
+def generic_system_text(tools: list[dict], forced: list[str] | None) -> str:
+    """The system message that teaches the generic format to a model whose template takes no tools
+    (worded as measured best on SmolLM2-135M: it then calls the right tool for each question asked)."""
+    specs = json.dumps([t["function"] for t in tools], ensure_ascii=False, indent=1)
+    if forced:
+        how = 'Call a tool with {"tool_call": {"name": <tool name>, "arguments": <arguments>}}.'
+    else:
+        how = ('When the user asks for something a tool provides, call the tool with {"tool_call": {"name": <tool name>, '
+               '"arguments": <arguments>}}. Otherwise reply with {"response": <your answer>}.')
+    return f"You are a helpful assistant with access to these tools:\n{specs}\n{how} Reply with the JSON object only."
+
+
+def generic_messages(messages: list[dict], system: str) -> list[dict]:
+    """Chat messages for a template that takes no tools: the generic format's system text first,
+    earlier calls and their results written as the JSON the format uses."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c.get("function", {}).get("name"), "arguments": c.get("function", {}).get("arguments")}
+                     for c in m["tool_calls"]]
+            m = {"role": "assistant", "content": json.dumps({"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls})}
+        elif m.get("role") == "tool":
+            m = {"role": "user", "content": json.dumps({"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m.get("content")}})}
+        out.append(m)
+    if out and out[0].get("role") == "system":
+        out[0] = dict(out[0], content=f"{out[0].get('content') or ''}\n\n{system}".strip())
+    else:
+        out.insert(0, {"role": "system", "content": system})
     return out

@@ -1,0 +1,122 @@
+"""The engine's scheduling on a tiny random model (quick tier): chunked prefill beside running
+decodes gives the tokens and logprobs of a whole prefill, embeddings go through the same steps,
+cancelled requests leave, a burst fills the free slots and the queue."""
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from hf_tiny import VOCAB, make_checkpoint
+
+from minillm.core.engine import Engine, QueueFullError, ShutdownError
+from minillm.core.model import Model
+from minillm.core.prefix_cache import PrefixCache
+from minillm.core.sampling import SamplingParams
+from minillm.options import Options
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engine")
+    make_checkpoint(path, max_position_embeddings=1024, num_hidden_layers=3)
+    return Model.load(path)
+
+
+def events(engine: Engine, prompt, max_tokens=6, params=GREEDY):
+    return [(e.token, e.logprob, e.top_logprobs) for e in engine.submit(prompt, params, max_tokens, logprobs=2)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, None])
+def test_prompts_read_in_chunks_beside_decodes_equal_whole_prefills(model, chunk):
+    """Streams decode while long prompts are read `chunk` rows a step (None: sized by measured
+    costs): every request's tokens and logprobs equal its run alone with the prompt read whole."""
+    rng = np.random.default_rng(0)
+    requests = [(rng.integers(0, VOCAB, size=int(n)).tolist(), int(m), GREEDY if i % 2 else SamplingParams(temperature=0.8, seed=i))
+                for i, (n, m) in enumerate([(5, 40), (300, 6), (9, 30), (700, 5), (130, 12), (3, 20)])]
+    whole = Engine(model, Options(max_batch=1, cache_mb=0, prefill_chunk=1024))
+    expected = [events(whole, p, m, params) for p, m, params in requests]
+    chunked = Engine(model, Options(max_batch=4, cache_mb=0, prefill_chunk=chunk))
+    results = [None] * len(requests)
+
+    def client(i):
+        results[i] = events(chunked, *requests[i])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == expected
+    assert chunked.stats.prompt_tokens == sum(len(p) for p, _, _ in requests)
+
+
+def test_embeddings_go_through_the_steps(model):
+    """An embedding read in chunks beside a decode equals the mean of a whole forward's final norm."""
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, VOCAB, size=200).tolist()
+    cfg = model.config
+    hidden = np.zeros((cfg.num_hidden_layers + 2, len(prompt), cfg.hidden_size), np.float32)
+    model.forward(prompt, model.new_cache(), hidden=hidden)
+    mean = hidden[-1].astype(np.float64).mean(axis=0)
+    expected = (mean / np.linalg.norm(mean)).astype(np.float32)
+    engine = Engine(model, Options(max_batch=2, cache_mb=0, prefill_chunk=16))
+    stream = engine.submit([1, 2, 3], GREEDY, 60)
+    vector = list(engine.submit_embedding(prompt))
+    list(stream)
+    assert len(vector) == 1 and np.array_equal(vector[0], expected)
+    assert engine.stats.embeddings == 1 and engine.stats.prefill_steps >= 200 // 16
+
+
+def test_cancelled_requests_leave_queued_or_running(model):
+    engine = Engine(model, Options(max_batch=1, max_queue=4, cache_mb=0))
+    running = engine.submit([1, 2, 3], GREEDY, 500)
+    reader = iter(running)
+    next(reader)
+    queued = engine.submit([4, 5, 6], GREEDY, 5)
+    queued.cancel()
+    running.cancel()
+    assert list(queued) == [] and queued.finish_reason == "cancelled"
+    list(reader)
+    assert running.finish_reason == "cancelled"
+    assert (engine.stats.requests, engine.stats.cancelled, engine.stats.finished) == (2, 2, 0)
+
+
+def test_a_burst_fills_the_free_slots_and_the_queue(model):
+    engine = Engine(model, Options(max_batch=3, max_queue=2, cache_mb=0))
+    accepted, refused = [], 0
+    for _ in range(8):
+        try:
+            accepted.append(engine.submit([1, 2, 3], GREEDY, 500))
+        except QueueFullError:
+            refused += 1
+    assert (len(accepted), refused) == (5, 3)
+    for h in accepted:
+        h.cancel()
+        list(h)
+
+
+def test_shut_down_ends_every_request_with_its_error(model):
+    engine = Engine(model, Options(max_batch=1, max_queue=2, cache_mb=0))
+    running = engine.submit([1, 2, 3], GREEDY, 1000)
+    queued = engine.submit([4, 5], GREEDY, 10)
+    reader = iter(running)
+    next(reader)
+    engine.shut_down(ShutdownError("stopping"))
+    for events_left in (reader, iter(queued)):
+        with pytest.raises(ShutdownError):
+            list(events_left)
+    with pytest.raises(ShutdownError):
+        engine.submit([1], GREEDY, 1)
+
+
+def test_a_cache_smaller_than_a_block_warns(model):
+    block_mb = PrefixCache(model.config, 0).block_bytes / 2**20
+    with pytest.warns(UserWarning, match="less than one"):
+        assert PrefixCache(model.config, block_mb / 2).capacity == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PrefixCache(model.config, 0)
+        PrefixCache(model.config, block_mb)
