@@ -51,6 +51,15 @@ def _model_flags(p) -> None:
     p.add_argument("--threads", type=int, metavar="N", help=Options.help("threads"))
 
 
+def _speculative_flags(p) -> None:
+    """The commands that decode through the engine: speculative decoding (minillm.core.speculative)."""
+    from minillm.options import Options
+
+    p.add_argument("--speculative", choices=["ngram"], help=Options.help("speculative"))
+    p.add_argument("--spec-tokens", type=int, metavar="K", help=Options.help("spec_tokens"))
+    p.add_argument("--spec-ngram", type=int, metavar="N", help=Options.help("spec_ngram"))
+
+
 def _sampling_flags(p, max_tokens=256) -> None:
     """Sampling defaults follow llama.cpp's."""
     p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N")
@@ -67,11 +76,13 @@ def _sampling_flags(p, max_tokens=256) -> None:
 def _text_commands(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt; only the generated text goes to stdout")
     _model_flags(g)
+    _speculative_flags(g)
     g.add_argument("--prompt", required=True)
     _sampling_flags(g)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat through the model's chat template")
     _model_flags(c)
+    _speculative_flags(c)
     c.add_argument("--prompt", help="answer this one message and exit")
     c.add_argument("--system", help="a system message")
     _sampling_flags(c, max_tokens=512)
@@ -110,6 +121,8 @@ def _analysis_commands(sub) -> None:
     b.add_argument("--prompt-tokens", type=int, default=128, metavar="P")
     b.add_argument("--gen-tokens", type=int, default=128, metavar="G")
     b.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    b.add_argument("--prompt-file", metavar="TEXT", help="decode after this text instead of random tokens (e.g. a document to repeat, for --speculative)")
+    _speculative_flags(b)
 
 
 def _setup_commands(sub) -> None:
@@ -244,14 +257,28 @@ def cmd_bench(args) -> int:
         from minillm.loading.default_model import default_model_dir
 
         args.model = str(default_model_dir())
-    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx)
+    prompt = None
+    if args.prompt_file:
+        try:
+            text = open(args.prompt_file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--prompt-file: cannot read {args.prompt_file}: {e}") from None
+        from minillm.api import tokenizer_files
+        from minillm.core.tokenizer import Tokenizer
+
+        prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
+    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculative=args.speculative,
+                 spec_tokens=args.spec_tokens or 8, spec_ngram=args.spec_ngram or 3, prompt=prompt)
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"model        {result['model']} ({result['dtype']}, {result['weight_mb']:.0f} MiB of weights)")
-    print(f"prefill      {result['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens)")
+    print(f"prefill      {result['prefill_tok_s']:.1f} tok/s ({result['prompt_tokens']} tokens)")
     if args.gen_tokens:
         print(f"decode       {result['decode_tok_s']:.1f} tok/s ({args.gen_tokens} tokens)")
+    if "spec_decode_tok_s" in result:
+        print(f"speculative  {result['spec_decode_tok_s']:.1f} tok/s through the engine, against {result['engine_decode_tok_s']:.1f} without "
+              f"({result['spec_speedup']:.2f}x; {result['spec_accepted_tokens']} of {result['spec_draft_tokens']} proposed tokens accepted)")
     print(f"first token  {result['ttft_s'] * 1000:.1f} ms")
     print(f"load         {result['load_s']:.2f} s (+ {result['warmup_s']:.2f} s kernel warm-up)")
     print(f"peak RSS     {result['peak_rss_mb']:.0f} MiB")
@@ -370,6 +397,7 @@ def _serve_flags(sv) -> None:
     from minillm.options import DEFAULTS, Options
 
     _model_flags(sv)
+    _speculative_flags(sv)
     sv.add_argument("--host", default=DEFAULTS.host)
     sv.add_argument("--port", type=int, default=DEFAULTS.port)
     sv.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, metavar="N", help=Options.help("max_batch"))

@@ -27,6 +27,9 @@ class Options:
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
     cache_mb: float | None = field(default=None, metadata={"help": "prefix cache memory (default: a fifth of free memory, at most 2048; 0: off)"})
+    speculative: str | None = field(default=None, metadata={"help": "ngram: propose tokens by prompt lookup and keep those plain decoding would choose (the same text, faster when output repeats input)"})
+    spec_tokens: int = field(default=8, metadata={"help": "with --speculative, the most tokens proposed per step"})
+    spec_ngram: int = field(default=3, metadata={"help": "with --speculative ngram, the longest n-gram looked up (2 at least)"})
     prefill_chunk: int | None = field(default=None, metadata={"help": "prompt tokens read per step beside running streams (default: sized so their tokens keep coming)"})
     # the HTTP server
     model_name: str | None = field(default=None, metadata={"help": "the model id clients send (default: the model's file or directory name)"})
@@ -49,11 +52,13 @@ class Options:
             if value is not None and not value >= low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
 
-        for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("prefill_chunk", 1), ("port", 0), ("max_body_mb", 0.001),
+        for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("prefill_chunk", 1), ("spec_tokens", 1), ("spec_ngram", 2), ("port", 0), ("max_body_mb", 0.001),
                           ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1)):
             at_least(name, low)
         if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):
             raise UsageError(f"autoscale needs 1 <= MIN <= MAX, got {self.autoscale}")
+        if self.speculative not in (None, "ngram"):
+            raise UsageError(f"speculative must be ngram (prompt lookup), got {self.speculative!r}")
         if self.replicas is not None and self.autoscale is not None:
             raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
 

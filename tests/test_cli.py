@@ -162,3 +162,21 @@ def test_serve_with_a_broken_model_is_one_line(broken):
     (broken / "config.json").write_text(json.dumps(config))
     result = run("serve", "--model", str(broken), "--port", "0", timeout=120)
     assert_one_line_error(result, "architectures")
+
+
+@pytest.mark.slow
+def test_bench_reports_speculation(default_model_dir, tmp_path):
+    """`bench --speculative ngram --json` after a text that repeats: the engine's decode with and
+    without it (the same tokens, or bench fails), and the tokens proposed and accepted."""
+    text = tmp_path / "prompt.txt"
+    text.write_text("one two three four five six seven eight " * 20)
+    result = run("bench", "--model", str(default_model_dir), "--prompt-file", str(text), "--gen-tokens", "24",
+                 "--speculative", "ngram", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["spec_draft_tokens"] >= report["spec_accepted_tokens"] >= 0
+    assert report["spec_decode_tok_s"] > 0 and report["engine_decode_tok_s"] > 0
+
+
+def test_speculative_flags_only_where_they_act():
+    assert_one_line_error(run("logits", "--tokens", "1,2", "--out", "x.npy", "--speculative", "ngram"), "unrecognized arguments")

@@ -32,6 +32,7 @@ from .cache import KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, sample
+from .speculative import PromptLookup
 from .structured import Constraint
 
 if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles use it
@@ -183,6 +184,7 @@ class _Sequence:
     last: int = 0
     read: int = 0  # prompt tokens in the cache (the prefix cache's among them)
     normed: np.ndarray | None = None  # an embedding's final-norm output, (prompt, H)
+    lookup: PromptLookup | None = None  # speculative decoding's proposals
 
     @property
     def prefilling(self) -> bool:
@@ -207,6 +209,8 @@ class EngineStats:
     steps: int = 0
     batch_tokens: int = 0  # sum of decode rows over steps
     prefill_steps: int = 0  # steps that read prompt rows
+    spec_draft_tokens: int = 0  # tokens proposed by speculative decoding
+    spec_accepted_tokens: int = 0  # of them, the tokens plain decoding chose too
     # gaps between a running stream's tokens, seconds: a histogram by INTER_TOKEN_BUCKETS
     inter_token_counts: list = field(default_factory=lambda: [0] * (len(INTER_TOKEN_BUCKETS) + 1))
     inter_token_sum: float = 0.0
@@ -229,6 +233,7 @@ class Engine:
         max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.prefill_chunk = options.prefill_chunk
+        self.speculative, self.spec_tokens, self.spec_ngram = options.speculative, options.spec_tokens, options.spec_ngram
         self.pool = KVPool(model.config, model.ctx, max_batch)
         self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)
         self.stats = EngineStats()
@@ -385,6 +390,8 @@ class Engine:
             self.stats.cached_tokens += seq.read
             if request.embedding:
                 seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
+            elif self.speculative:
+                seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram)
             self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)
@@ -401,14 +408,20 @@ class Engine:
         return int(min(PREFILL_CHUNK, max(MIN_PREFILL_ROWS, PREFILL_SHARE * self._decode_seconds / self._row_seconds)))
 
     def _step(self) -> None:
-        """One batched step: a row for each decoding sequence, then prompt rows of the prefilling
-        ones in admission order, up to the step's share."""
+        """One batched step: rows for each decoding sequence (its last token, then any tokens
+        speculation proposes after it), then prompt rows of the prefilling ones in admission order,
+        up to the step's share."""
         decoding = [s for s in self._running if not s.prefilling]
-        budget = self._prefill_rows(len(decoding))
         tokens, positions, slots, logit_rows = [], [], [], []
+        drafts = []
         for s in decoding:
-            logit_rows.append(len(tokens))
-            tokens.append(s.last), positions.append(s.cache.length), slots.append(s.slot)
+            draft = self._propose(s)
+            drafts.append(draft)
+            for i, token in enumerate([s.last, *draft]):
+                logit_rows.append(len(tokens))
+                tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
+        decode_rows = len(tokens)
+        budget = self._prefill_rows(decode_rows)
         chunks = []  # (sequence, first row, rows)
         for s in self._running:
             if budget <= 0:
@@ -429,25 +442,24 @@ class Engine:
             hidden = np.empty((cfg.num_hidden_layers + 2, len(tokens), cfg.hidden_size), np.float32)
         started = time.perf_counter()
         try:
-            for s in decoding:
-                s.cache.reserve(1)
+            for s, draft in zip(decoding, drafts):
+                s.cache.reserve(1 + len(draft))
             logits = self.model.step(tokens, positions, slots, self.pool, logit_rows, hidden=hidden)
         except MiniLLMError as e:
             for s in self._running:
                 self._fail(s, e)
             self._running = []
             return
-        self._note_cost(time.perf_counter() - started, len(decoding), len(tokens) - len(decoding))
+        self._note_cost(time.perf_counter() - started, decode_rows, len(tokens) - decode_rows)
         self.stats.steps += 1
         self.stats.batch_tokens += len(decoding)
         self.stats.prefill_steps += bool(chunks)
         keep = {id(s) for s in self._running}
-        for i, s in enumerate(decoding):
-            s.cache.length += 1
-            self.model.release_outside_windows(s.cache)
-            if not self._advance_or_fail(s, logits[i]):
+        next_logits = 0
+        for s, draft in zip(decoding, drafts):
+            if not self._verify(s, draft, logits[next_logits : next_logits + 1 + len(draft)]):
                 keep.discard(id(s))
-        next_logits = len(decoding)
+            next_logits += 1 + len(draft)
         for s, first, n in chunks:
             s.cache.length += n
             s.read += n
@@ -466,6 +478,36 @@ class Engine:
                 keep.discard(id(s))
             next_logits += 1
         self._running = [s for s in self._running if id(s) in keep]
+
+    def _propose(self, seq: _Sequence) -> list[int]:
+        """Speculation's tokens to run after seq.last: as many as the context and max_tokens leave
+        room for (each accepted one is emitted), none without speculation."""
+        if seq.lookup is None:
+            return []
+        room = min(seq.cache.ctx - seq.cache.length - 1, seq.request.max_tokens - len(seq.generated) - 1)
+        draft = seq.lookup.propose(room)
+        self.stats.spec_draft_tokens += len(draft)
+        return draft
+
+    def _verify(self, seq: _Sequence, draft: list[int], logits: np.ndarray) -> bool:
+        """Emit tokens from the rows of seq.last and its draft, in order, each sampled exactly as
+        plain decoding samples it (the same settings, grammar state, history and random draws):
+        row i's logits are valid while every draft token before it was the token emitted there, so
+        the first mismatch ends it. The cache keeps the positions of the emitted tokens' inputs
+        only. False when the sequence is done."""
+        accepted = 0
+        for i in range(len(draft) + 1):
+            seq.cache.length += 1
+            self.model.release_outside_windows(seq.cache)
+            if not self._advance_or_fail(seq, logits[i]):
+                return False
+            if i == len(draft) or seq.last != draft[i]:
+                break
+            accepted += 1
+        if seq.lookup is not None:
+            seq.lookup.update(len(draft), accepted)
+            self.stats.spec_accepted_tokens += accepted
+        return True
 
     def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int) -> None:
         """Update the running estimates of a decode step's time and of a prompt row's."""
@@ -506,6 +548,8 @@ class Engine:
         event = TokenEvent(token, *_logprobs(raw, token, request.logprobs)) if request.logprobs is not None else TokenEvent(token)
         seq.generated.append(token)
         seq.last = token
+        if seq.lookup is not None:
+            seq.lookup.extend((token,))
         self.stats.generated_tokens += 1
         handle.generated += 1
         now = time.perf_counter()

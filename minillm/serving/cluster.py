@@ -188,7 +188,7 @@ class RemoteEngine:
     def stats(self):
         keys = ("requests", "finished", "errors", "rejected", "cancelled", "embeddings", "prompt_tokens", "cached_tokens",
                 "generated_tokens", "ttft_sum", "ttft_count", "latency_sum", "latency_count", "steps", "batch_tokens",
-                "prefill_steps", "inter_token_sum")
+                "prefill_steps", "inter_token_sum", "spec_draft_tokens", "spec_accepted_tokens")
         buckets = len(INTER_TOKEN_BUCKETS) + 1
         gaps = [sum(c) for c in zip(*(r.get("inter_token_counts", [0] * buckets) for r in self.reports.values()))]
         return SimpleNamespace(**{k: self._sum(k) for k in keys}, inter_token_counts=gaps or [0] * buckets)

@@ -454,6 +454,8 @@ class Service:
             ("minillm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache", engine.prefix.queries),
             ("minillm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache", engine.prefix.hits),
             ("minillm:prefix_cache_blocks", "gauge", "Blocks held by the prefix cache", engine.prefix.blocks_used),
+            ("minillm:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by speculative decoding", s.spec_draft_tokens),
+            ("minillm:spec_decode_num_accepted_tokens_total", "counter", "Proposed tokens that plain decoding chose too", s.spec_accepted_tokens),
         ]
         text = "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in lines)
         text += _histogram("minillm:inter_token_latency_seconds", "Time between a stream's tokens",

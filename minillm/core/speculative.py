@@ -1,0 +1,75 @@
+"""Speculative decoding by prompt lookup: the text proposes its own continuation.
+
+Tasks whose output repeats their input (editing code, rewriting, extraction, quoting a document)
+let the sequence's own tokens guess what comes next: when its last n tokens (NGRAM_MIN <= n <=
+ngram, longest first) occurred before, in the prompt or the output, the tokens that followed their
+latest occurrence are proposed. The engine runs them as extra rows of the sequence's next step and
+keeps each while it is the very token plain decoding would choose there (minillm.core.engine), so
+the text never changes; a row costs far less than a step, so every accepted token is nearly free.
+
+How many to propose adapts, so open-ended text, where guesses are refused, costs next to nothing:
+doubled (up to `most`) after a proposal is taken whole, halved after one is refused at its first
+token, and after a refused single token none at all for BACKOFF_STEPS steps, twice as many after
+each further refusal (up to MAX_BACKOFF_STEPS) until one is accepted.
+"""
+
+from __future__ import annotations
+
+NGRAM_MIN = 2  # a single repeated token predicts too little to be worth a row
+BACKOFF_STEPS = 16
+MAX_BACKOFF_STEPS = 256
+FIRST_PROPOSAL = 4
+
+
+class PromptLookup:
+    """One sequence's n-gram index over its prompt and output, and its proposal length."""
+
+    def __init__(self, tokens: list[int], most: int, ngram: int):
+        self.most, self.ngram = most, max(ngram, NGRAM_MIN)
+        self.tokens: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where its latest earlier occurrence ends
+        self.length = min(FIRST_PROPOSAL, most)
+        self._resting = 0  # steps left without proposals
+        self._backoff = BACKOFF_STEPS  # how long the next rest lasts
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        """Append tokens; every n-gram that now has a token after it is indexed."""
+        for token in tokens:
+            end = len(self.tokens)  # the n-grams ending here are followed by `token`
+            for n in range(NGRAM_MIN, self.ngram + 1):
+                if end >= n:
+                    self._latest[tuple(self.tokens[end - n : end])] = end
+            self.tokens.append(token)
+
+    def propose(self, room: int) -> list[int]:
+        """Up to min(the current length, room) tokens that followed the latest earlier occurrence
+        of the longest n-gram the sequence now ends with; [] when none occurred or resting."""
+        if self._resting:
+            self._resting -= 1
+            if not self._resting:
+                self.length = 1
+            return []
+        limit = min(self.length, room)
+        if limit <= 0:
+            return []
+        tokens = self.tokens
+        for n in range(min(self.ngram, len(tokens)), NGRAM_MIN - 1, -1):
+            end = self._latest.get(tuple(tokens[len(tokens) - n :]))
+            if end is not None:
+                return tokens[end : end + limit]
+        return []
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """Adapt the proposal length to how much of the last proposal was kept."""
+        if not proposed:
+            return
+        if accepted:
+            self._backoff = BACKOFF_STEPS
+        if accepted == proposed:
+            self.length = min(self.most, 2 * self.length)
+        elif accepted == 0:
+            if self.length == 1:
+                self._resting = self._backoff
+                self._backoff = min(2 * self._backoff, MAX_BACKOFF_STEPS)
+            self.length = max(1, self.length // 2)
