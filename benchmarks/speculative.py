@@ -1,12 +1,14 @@
 """Speculative decoding by prompt lookup against plain decoding, on input-grounded and open-ended tasks.
 
-    python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160]
+    python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160] [--modes ngram draft]
+                                     [--draft-dtype int8]
 
 Each task is a chat to the model whose reply, greedy, either repeats its input (copying a
 paragraph, renaming a variable in code, correcting a few words, quoting a document to answer) or
-does not (open-ended continuation). Each round runs every task through two engines over the same
-weights, plain and `speculative="ngram"`, alternating which goes first; decode tokens/s is timed
-from the first token to the last. Reported per task: medians over rounds, the ratio, the share of
+does not (open-ended continuation). Each round runs every task through engines over the same
+weights, plain and each of --modes (`ngram`: prompt lookup; `draft`: the same model at
+--draft-dtype proposing), in an order that rotates; decode tokens/s is timed from the first token
+to the last. Reported per task: medians over rounds, the ratio, the share of
 proposed tokens accepted, and whether the texts were identical (they must be).
 Benchmarks are not tests: nothing here runs under pytest.
 """
@@ -19,6 +21,7 @@ import time
 
 import minillm
 from minillm.core.engine import Engine
+from minillm.core.model import Model
 from minillm.core.sampling import SamplingParams
 
 PARAGRAPH = ("minillm is a CPU inference engine for Llama-family language models, written in Python on NumPy and "
@@ -57,36 +60,49 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--spec-tokens", type=int, default=8)
+    ap.add_argument("--modes", nargs="+", default=["ngram"], choices=["ngram", "draft"])
+    ap.add_argument("--draft-dtype", default="int8")
     args = ap.parse_args()
     llm = minillm.load(args.model, dtype=args.dtype, ctx=2048, cache_mb=0)
     engine_eos = llm.eos_ids
-    plain = Engine(llm.model, llm.options.replace(max_batch=1, cache_mb=0))
-    spec = Engine(llm.model, llm.options.replace(max_batch=1, cache_mb=0, speculative="ngram", spec_tokens=args.spec_tokens))
+    base = llm.options.replace(max_batch=1, cache_mb=0)
+    engines = {"plain": Engine(llm.model, base)}
+    if "ngram" in args.modes:
+        engines["ngram"] = Engine(llm.model, base.replace(speculative="ngram", spec_tokens=args.spec_tokens))
+    if "draft" in args.modes:
+        draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=args.draft_dtype)
+        engines["draft"] = Engine(llm.model, base.replace(speculative="draft", spec_tokens=args.spec_tokens), draft=draft)
     prompts = {name: llm.tokenizer.encode_chat([{"role": "user", "content": text}]) for name, text in TASKS.items()}
-    rates = {name: {"plain": [], "ngram": []} for name in TASKS}
-    accepted = {name: [0, 0] for name in TASKS}
+    rates = {name: {mode: [] for mode in engines} for name in TASKS}
+    counts = {name: {mode: [0, 0] for mode in engines} for name in TASKS}
     same = {name: True for name in TASKS}
     lengths = {}
+    modes = list(engines)
     for r in range(args.rounds):
+        order = modes[r % len(modes):] + modes[: r % len(modes)]
         for name, prompt in prompts.items():
-            order = [("plain", plain), ("ngram", spec)] if r % 2 == 0 else [("ngram", spec), ("plain", plain)]
             outs = {}
-            for mode, engine in order:
+            for mode in order:
+                engine = engines[mode]
                 before = (engine.stats.spec_draft_tokens, engine.stats.spec_accepted_tokens)
                 rate, outs[mode] = decode_rate(engine, prompt, args.tokens)
                 rates[name][mode].append(rate)
-                if mode == "ngram":
-                    accepted[name][0] += engine.stats.spec_draft_tokens - before[0]
-                    accepted[name][1] += engine.stats.spec_accepted_tokens - before[1]
-            same[name] &= outs["plain"] == outs["ngram"]
+                counts[name][mode][0] += engine.stats.spec_draft_tokens - before[0]
+                counts[name][mode][1] += engine.stats.spec_accepted_tokens - before[1]
+            same[name] &= all(out == outs["plain"] for out in outs.values())
             lengths[name] = len(outs["plain"])
-    print(f"{args.rounds} alternating rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token")
-    print(f"{'task':18} {'tokens':>6} {'plain':>7} {'ngram':>7} {'ratio':>6} {'accepted':>9}  text")
+    print(f"{args.rounds} rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token"
+          + (f"; draft: the model at {args.draft_dtype}" if "draft" in engines else ""))
+    header = f"{'task':18} {'tokens':>6} {'plain':>7}" + "".join(f" {m:>7} {'ratio':>6} {'kept':>5}" for m in modes[1:])
+    print(header + "  text")
     for name in TASKS:
-        p, s = statistics.median(rates[name]["plain"]), statistics.median(rates[name]["ngram"])
-        proposed, kept = accepted[name]
-        share = f"{kept / proposed:.0%}" if proposed else "-"
-        print(f"{name:18} {lengths[name]:6d} {p:7.1f} {s:7.1f} {s / p:6.2f} {share:>9}  {'identical' if same[name] else 'DIFFERS'}")
+        plain = statistics.median(rates[name]["plain"])
+        line = f"{name:18} {lengths[name]:6d} {plain:7.1f}"
+        for mode in modes[1:]:
+            rate = statistics.median(rates[name][mode])
+            proposed, kept = counts[name][mode]
+            line += f" {rate:7.1f} {rate / plain:6.2f} {(f'{kept / proposed:.0%}' if proposed else '-'):>5}"
+        print(line + f"  {'identical' if same[name] else 'DIFFERS'}")
 
 
 engine_eos: tuple = ()

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from .core.structured import GrammarCompiler
 
 
+MAX_DRAFT_SHARE = 0.6  # of the model's weight bytes: a draft step must cost well under a step
+
+
 class LLMFiles:
     """What needs only a model's tokenizer and config files: the tokenizer (with the chat
     template), the end-of-sequence ids and the grammar compiler. An LLM has one; so does the
@@ -74,6 +77,22 @@ class LLM:
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config)
+        self.draft = self._load_draft(options) if options.speculative == "draft" else None
+
+    def _load_draft(self, options: Options) -> Model:
+        """The draft model of `--speculative draft`: options.draft_model (default: this model's own
+        weights) at options.draft_dtype (default int8, or q4_0 for a GGUF), with this context."""
+        source = Path(options.draft_model) if options.draft_model else self.source
+        dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
+        draft = Model.load(source, ctx=self.model.ctx, dtype=dtype, threads=options.threads)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise UsageError(f"--draft-model {source}: its vocabulary has {draft.config.vocab_size} tokens, the model's "
+                             f"{self.model.config.vocab_size}; a draft must share the model's tokenizer")
+        if draft.weights.nbytes > MAX_DRAFT_SHARE * self.model.weights.nbytes:  # a step reads every weight once
+            raise UsageError(f"the draft ({source.name} at {dtype}, {draft.weights.nbytes / 2**20:.0f} MiB) is not much cheaper than the "
+                             f"model ({self.model.weights.nbytes / 2**20:.0f} MiB), so it could only slow decoding; give "
+                             "--draft-model a smaller model or --draft-dtype a smaller precision")
+        return draft
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -95,7 +114,7 @@ class LLM:
     @cached_property
     def engine(self) -> Engine:
         """The batching engine thread, started on first use."""
-        return Engine(self.model, self.options)
+        return Engine(self.model, self.options, draft=self.draft)
 
     @property
     def config(self):

@@ -55,7 +55,9 @@ def _speculative_flags(p) -> None:
     """The commands that decode through the engine: speculative decoding (minillm.core.speculative)."""
     from minillm.options import Options
 
-    p.add_argument("--speculative", choices=["ngram"], help=Options.help("speculative"))
+    p.add_argument("--speculative", choices=["ngram", "draft"], help=Options.help("speculative"))
+    p.add_argument("--draft-model", metavar="PATH", help=Options.help("draft_model"))
+    p.add_argument("--draft-dtype", metavar="D", help=Options.help("draft_dtype"))
     p.add_argument("--spec-tokens", type=int, metavar="K", help=Options.help("spec_tokens"))
     p.add_argument("--spec-ngram", type=int, metavar="N", help=Options.help("spec_ngram"))
 

@@ -27,7 +27,9 @@ class Options:
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
     cache_mb: float | None = field(default=None, metadata={"help": "prefix cache memory (default: a fifth of free memory, at most 2048; 0: off)"})
-    speculative: str | None = field(default=None, metadata={"help": "ngram: propose tokens by prompt lookup and keep those plain decoding would choose (the same text, faster when output repeats input)"})
+    speculative: str | None = field(default=None, metadata={"help": "propose tokens and keep those plain decoding would choose (the same text, faster): ngram (prompt lookup; when output repeats input) or draft (a cheaper model)"})
+    draft_model: str | None = field(default=None, metadata={"help": "with --speculative draft, the model that proposes (same tokenizer; default: the model itself)"})
+    draft_dtype: str | None = field(default=None, metadata={"help": "with --speculative draft, the draft's weight precision (default: int8 for a checkpoint, q4_0 for a GGUF)"})
     spec_tokens: int = field(default=8, metadata={"help": "with --speculative, the most tokens proposed per step"})
     spec_ngram: int = field(default=3, metadata={"help": "with --speculative ngram, the longest n-gram looked up (2 at least)"})
     prefill_chunk: int | None = field(default=None, metadata={"help": "prompt tokens read per step beside running streams (default: sized so their tokens keep coming)"})
@@ -57,8 +59,10 @@ class Options:
             at_least(name, low)
         if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):
             raise UsageError(f"autoscale needs 1 <= MIN <= MAX, got {self.autoscale}")
-        if self.speculative not in (None, "ngram"):
-            raise UsageError(f"speculative must be ngram (prompt lookup), got {self.speculative!r}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise UsageError(f"speculative must be ngram (prompt lookup) or draft (a draft model), got {self.speculative!r}")
+        if self.speculative != "draft" and (self.draft_model is not None or self.draft_dtype is not None):
+            raise UsageError("--draft-model and --draft-dtype need --speculative draft")
         if self.replicas is not None and self.autoscale is not None:
             raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
 

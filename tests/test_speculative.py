@@ -1,7 +1,10 @@
-"""Speculative decoding by prompt lookup never changes a token (quick tier, tiny random model):
-greedy and seeded, with penalties, logit bias, logprobs, grammars, stop tokens and max_tokens,
-batched beside plain sequences; and it does propose and accept on text that repeats."""
+"""Speculative decoding (prompt lookup, a draft model) never changes a token: on a tiny random
+model (quick tier) greedy and seeded, with penalties, logit bias, logprobs, stop tokens and
+max_tokens, batched beside plain sequences, through chunked prefill and the prefix cache; on the
+default model (slow) 42 prompts at float32 and q4_0, JSON schemas, stop strings, n = 2 and
+concurrent requests through the server. And it does propose and accept on text that repeats."""
 
+import json
 import threading
 
 import numpy as np
@@ -16,10 +19,27 @@ from minillm.options import Options
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("speculative")
     make_checkpoint(path, max_position_embeddings=1024, num_hidden_layers=2)
-    return Model.load(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return Model.load(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def draft(checkpoint):
+    """The same checkpoint at int8: the cheap draft the issue describes."""
+    return Model.load(checkpoint, dtype="int8")
+
+
+def speculating(mode, model, draft, **options):
+    if mode == "draft":
+        return Engine(model, Options(cache_mb=0, speculative="draft", **options), draft=draft)
+    return Engine(model, Options(cache_mb=0, speculative="ngram", **options))
 
 
 def run(engine: Engine, prompt, max_tokens, params, stop_ids=()):
@@ -43,13 +63,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
-def test_speculation_never_changes_a_token(model, name):
+def test_speculation_never_changes_a_token(model, draft, mode, name):
     params, stop = next((p, s) for n, p, s in CASES if n == name)
     rng = np.random.default_rng(0)
     prompts = [repetitive(rng) for _ in range(3)] + [rng.integers(0, VOCAB, size=50).tolist()]
     plain = Engine(model, Options(max_batch=4, cache_mb=0))
-    spec = Engine(model, Options(max_batch=4, cache_mb=0, speculative="ngram", spec_tokens=6))
+    spec = speculating(mode, model, draft, max_batch=4, spec_tokens=6)
     expected = [run(plain, p, 60, params) for p in prompts]
     stops = [(e[0][5][0],) if stop else () for e in expected]  # a token the reply produces, to stop at
     if stop:
@@ -66,6 +87,23 @@ def test_speculation_never_changes_a_token(model, name):
         t.join(timeout=300)
     assert results == expected
     assert spec.stats.spec_draft_tokens > 0 or stop  # (replies that stop within a few tokens propose nothing)
+    if mode == "draft" and params.greedy and not stop:
+        assert spec.stats.spec_accepted_tokens > 0  # int8 mostly agrees with float32 (sampled text, from a
+        # random model's flat distribution, rarely is the draft's greedy guess)
+
+
+def test_a_draft_reads_prompts_beside_the_model_and_the_prefix_cache(model, draft):
+    """With chunked prefill and the prefix cache supplying most of a second prompt, the draft still
+    sees every token: the text is plain decoding's and most proposals are accepted."""
+    rng = np.random.default_rng(4)
+    system = rng.integers(0, VOCAB, size=300).tolist()
+    prompts = [system + rng.integers(0, VOCAB, size=9).tolist() for _ in range(2)]
+    plain = Engine(model, Options(max_batch=2, cache_mb=0))
+    expected = [run(plain, p, 30, SamplingParams(temperature=0)) for p in prompts]
+    spec = Engine(model, Options(max_batch=2, cache_mb=64, prefill_chunk=50, speculative="draft", spec_tokens=4), draft=draft)
+    assert [run(spec, p, 30, SamplingParams(temperature=0)) for p in prompts] == expected
+    assert spec.stats.cached_tokens > 0
+    assert spec.stats.spec_accepted_tokens > spec.stats.spec_draft_tokens / 2
 
 
 def test_repeated_text_is_accepted(model):
@@ -82,8 +120,9 @@ def test_repeated_text_is_accepted(model):
     assert stats.steps < stats.generated_tokens
 
 
-def test_max_tokens_and_context_bound_the_proposals(model):
-    engine = Engine(model, Options(max_batch=1, cache_mb=0, speculative="ngram", spec_tokens=8))
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_max_tokens_and_context_bound_the_proposals(model, draft, mode):
+    engine = speculating(mode, model, draft, max_batch=1, spec_tokens=8)
     prompt = repetitive(np.random.default_rng(6), model.ctx - 5)
     events, reason = run(engine, prompt, None, SamplingParams(temperature=0))
     assert len(events) == 5 and reason in ("length", "context")  # max_tokens None: what the context leaves
@@ -135,3 +174,88 @@ def test_the_default_model_gives_the_same_text_faster_in_steps(default_model_dir
     assert spec.chat(chat, json_schema=schema, max_tokens=40, temperature=0) == plain.chat(chat, json_schema=schema, max_tokens=40, temperature=0)
     stats = spec.engine.stats
     assert stats.spec_accepted_tokens > 0 and stats.steps < stats.generated_tokens
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    """42 prompts: code to rewrite, prose to continue or repeat, chats."""
+    code = [f"def scale_{i}(values):\n    result = []\n    for v in values:\n        result.append(v * {i})\n    return result\n" for i in range(14)]
+    prose = [f"Chapter {i}. The rain had not stopped for {i + 2} days, and the river below the old mill was rising. " * 2 for i in range(14)]
+    chats = [f"Rewrite this sentence in the past tense: I walk to the market and buy {i} apples." for i in range(14)]
+    return ([tokenizer.encode(c + "\n# The same function, with `values` renamed to `items`:\n") for c in code]
+            + [tokenizer.encode(p) for p in prose]
+            + [tokenizer.encode_chat([{"role": "user", "content": c}]) for c in chats])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "q4_0"])
+def test_forty_prompts_give_the_same_text(default_model_dir, dtype):
+    """42 prompts (code, prose, chat) x {ngram, draft} x {greedy, seeded at 0.8}, 8 at a time in
+    the engine: every text equals plain decoding's."""
+    import minillm
+
+    llm = minillm.load(default_model_dir, ctx=512, dtype=dtype, cache_mb=0)
+    draft = Model.load(default_model_dir, ctx=512, dtype="int8" if dtype == "float32" else "q4_0")
+    base = Options(max_batch=8, cache_mb=0)
+    engines = {"plain": Engine(llm.model, base), "ngram": Engine(llm.model, base.replace(speculative="ngram")),
+               "draft": Engine(llm.model, base.replace(speculative="draft"), draft=draft)}
+    prompts = _prompts(llm.tokenizer)
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=7)):
+        results = {}
+        for mode, engine in engines.items():
+            handles = [engine.submit(p, params, 24, llm.eos_ids) for p in prompts]
+            results[mode] = [[e.token for e in h] for h in handles]
+        assert results["ngram"] == results["plain"] and results["draft"] == results["plain"]
+    assert engines["ngram"].stats.spec_accepted_tokens > 0 and engines["draft"].stats.spec_accepted_tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_the_server_gives_the_same_replies(default_model_dir, mode):
+    """Through the HTTP API: 4 concurrent requests (a JSON schema, stop strings, n = 2, a stream)
+    get the same replies from a speculating server as from a plain one; /metrics counts proposals."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    import minillm
+    from minillm.serving.server import create_app
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}
+    bodies = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Plan a trip to Rome as JSON."}], "max_tokens": 40,
+                                  "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}),
+        ("/v1/completions", {"prompt": COPY, "max_tokens": 30, "temperature": 0, "stop": ["dawn"]}),
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 3, "n": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Repeat: the cat sat on the mat."}], "max_tokens": 20,
+                                  "temperature": 0, "stream": True}),
+    ]
+
+    def replies(llm):
+        with TestClient(create_app(llm, "m"), base_url="http://localhost") as http:
+            def one(job):
+                path, body = job
+                response = http.post(path, json=body)
+                assert response.status_code == 200, response.text
+                if body.get("stream"):
+                    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+                    return ["".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])]
+                return [c.get("text") or c["message"]["content"] for c in response.json()["choices"]]
+
+            with ThreadPoolExecutor(4) as pool:
+                out = list(pool.map(one, bodies))
+            return out, http.get("/metrics").text
+
+    plain, _ = replies(minillm.load(default_model_dir, ctx=1024, cache_mb=0))
+    spec, metrics = replies(minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative=mode))
+    assert spec == plain
+    assert "minillm:spec_decode_num_draft_tokens_total" in metrics
+
+
+def test_a_draft_no_cheaper_than_the_model_is_refused(checkpoint):
+    import minillm
+    from minillm.errors import UsageError
+
+    with pytest.raises(UsageError, match="not much cheaper"):
+        minillm.load(checkpoint, dtype="int8", speculative="draft", draft_dtype="int8", progress=False)
+    with pytest.raises(UsageError, match="need --speculative draft"):
+        minillm.load(checkpoint, draft_dtype="int8", progress=False)

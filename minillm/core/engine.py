@@ -28,11 +28,11 @@ import numpy as np
 
 from ..errors import ContextLengthError, GenerationError, MiniLLMError
 from ..options import DEFAULTS, Options
-from .cache import KVPool
+from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
-from .sampling import SamplingParams, sample
-from .speculative import PromptLookup
+from .sampling import SamplingParams, apply_logit_bias, sample
+from .speculative import DraftState, PromptLookup
 from .structured import Constraint
 
 if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles use it
@@ -184,7 +184,13 @@ class _Sequence:
     last: int = 0
     read: int = 0  # prompt tokens in the cache (the prefix cache's among them)
     normed: np.ndarray | None = None  # an embedding's final-norm output, (prompt, H)
-    lookup: PromptLookup | None = None  # speculative decoding's proposals
+    lookup: PromptLookup | None = None  # speculative decoding's proposals, by prompt lookup
+    drafter: DraftState | None = None  # or by the draft model
+
+    @property
+    def proposals(self):
+        """The adaptive proposal length of whichever proposer the sequence has."""
+        return self.lookup if self.lookup is not None else (self.drafter.proposals if self.drafter is not None else None)
 
     @property
     def prefilling(self) -> bool:
@@ -226,14 +232,19 @@ INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 class Engine:
     """options: max_batch (sequences decoded together), max_queue (requests allowed to wait),
     cache_mb (the prefix cache's budget, minillm.core.prefix_cache; None: a default from free memory,
-    0: no prefix cache) and prefill_chunk (prompt rows per step beside running decodes; None: sized
-    by measured step costs) of minillm.options.Options."""
+    0: no prefix cache), prefill_chunk (prompt rows per step beside running decodes; None: sized
+    by measured step costs) and speculative, spec_tokens, spec_ngram of minillm.options.Options.
+    draft: the draft model of speculative="draft" (minillm.api.LLM loads it)."""
 
-    def __init__(self, model: Model, options: Options = DEFAULTS):
+    def __init__(self, model: Model, options: Options = DEFAULTS, draft: Model | None = None):
         max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.prefill_chunk = options.prefill_chunk
         self.speculative, self.spec_tokens, self.spec_ngram = options.speculative, options.spec_tokens, options.spec_ngram
+        if (options.speculative == "draft") != (draft is not None):
+            raise GenerationError("speculative decoding with a draft model needs the draft model (minillm.load loads it)")
+        self.draft = draft
+        self.draft_pool = KVPool(draft.config, model.ctx, max_batch) if draft is not None else None
         self.pool = KVPool(model.config, model.ctx, max_batch)
         self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)
         self.stats = EngineStats()
@@ -390,8 +401,11 @@ class Engine:
             self.stats.cached_tokens += seq.read
             if request.embedding:
                 seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
-            elif self.speculative:
+            elif self.speculative == "ngram":
                 seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram)
+            elif self.draft is not None:
+                pool = self.draft_pool
+                seq.drafter = DraftState(KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot]), self.spec_tokens)
             self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)
@@ -413,10 +427,8 @@ class Engine:
         up to the step's share."""
         decoding = [s for s in self._running if not s.prefilling]
         tokens, positions, slots, logit_rows = [], [], [], []
-        drafts = []
-        for s in decoding:
-            draft = self._propose(s)
-            drafts.append(draft)
+        drafts = self._draft_proposals(decoding) if self.draft is not None else [self._lookup_proposal(s) for s in decoding]
+        for s, draft in zip(decoding, drafts):
             for i, token in enumerate([s.last, *draft]):
                 logit_rows.append(len(tokens))
                 tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
@@ -451,6 +463,8 @@ class Engine:
             self._running = []
             return
         self._note_cost(time.perf_counter() - started, decode_rows, len(tokens) - decode_rows)
+        if self.draft is not None and chunks:
+            self._draft_read([s for s, _, _ in chunks])
         self.stats.steps += 1
         self.stats.batch_tokens += len(decoding)
         self.stats.prefill_steps += bool(chunks)
@@ -479,15 +493,63 @@ class Engine:
             next_logits += 1
         self._running = [s for s in self._running if id(s) in keep]
 
-    def _propose(self, seq: _Sequence) -> list[int]:
-        """Speculation's tokens to run after seq.last: as many as the context and max_tokens leave
-        room for (each accepted one is emitted), none without speculation."""
+    @staticmethod
+    def _room(seq: _Sequence) -> int:
+        """How many proposed tokens can follow seq.last: what the context and max_tokens leave
+        (each accepted one is emitted)."""
+        return min(seq.cache.ctx - seq.cache.length - 1, seq.request.max_tokens - len(seq.generated) - 1)
+
+    def _lookup_proposal(self, seq: _Sequence) -> list[int]:
+        """Prompt lookup's tokens to run after seq.last; none without speculation."""
         if seq.lookup is None:
             return []
-        room = min(seq.cache.ctx - seq.cache.length - 1, seq.request.max_tokens - len(seq.generated) - 1)
-        draft = seq.lookup.propose(room)
+        draft = seq.lookup.propose(self._room(seq))
         self.stats.spec_draft_tokens += len(draft)
         return draft
+
+    def _draft_proposals(self, decoding: list[_Sequence]) -> list[list[int]]:
+        """The draft model's greedy tokens after each sequence's last one, as many as each one's
+        proposal length: a first draft step reads what the draft has not seen of each sequence
+        (its accepted tokens since the last proposal, and seq.last), then one row per sequence and
+        step, batched like the model's own steps."""
+        wanted = [s.drafter.proposals.next(self._room(s)) if s.drafter is not None else 0 for s in decoding]
+        drafts: list[list[int]] = [[] for _ in decoding]
+        active = [i for i, k in enumerate(wanted) if k > 0]
+        tokens, positions, slots, logit_rows = [], [], [], []
+        for i in active:
+            s = decoding[i]
+            seen = s.request.prompt + s.generated  # the token at position cache.length is seq.last
+            for position in range(s.drafter.synced, len(seen)):
+                tokens.append(seen[position]), positions.append(position), slots.append(s.slot)
+            logit_rows.append(len(tokens) - 1)
+            s.drafter.synced = len(seen)
+        for depth in range(max(wanted, default=0)):
+            if depth:
+                active = [i for i in active if wanted[i] > depth]
+                tokens = [drafts[i][-1] for i in active]
+                positions = [decoding[i].drafter.synced for i in active]
+                slots = [decoding[i].slot for i in active]
+                logit_rows = list(range(len(active)))
+                for i in active:
+                    decoding[i].drafter.synced += 1
+            logits = self.draft.step(tokens, positions, slots, self.draft_pool, logit_rows)
+            for i, row in zip(active, logits):  # the request's logit_bias too: it often decides the choice
+                drafts[i].append(int(np.argmax(apply_logit_bias(row, decoding[i].request.params.logit_bias))))
+        self.stats.spec_draft_tokens += sum(map(len, drafts))
+        return drafts
+
+    def _draft_read(self, sequences: list[_Sequence]) -> None:
+        """The draft model reads the prompt rows the model just read (and any the prefix cache
+        supplied), so its first proposal does not wait for a whole prompt."""
+        tokens, positions, slots = [], [], []
+        for s in sequences:
+            if s.drafter is None:
+                continue
+            for position in range(s.drafter.synced, s.read):
+                tokens.append(s.request.prompt[position]), positions.append(position), slots.append(s.slot)
+            s.drafter.synced = s.read
+        if tokens:
+            self.draft.step(tokens, positions, slots, self.draft_pool, [])
 
     def _verify(self, seq: _Sequence, draft: list[int], logits: np.ndarray) -> bool:
         """Emit tokens from the rows of seq.last and its draft, in order, each sampled exactly as
@@ -495,7 +557,7 @@ class Engine:
         row i's logits are valid while every draft token before it was the token emitted there, so
         the first mismatch ends it. The cache keeps the positions of the emitted tokens' inputs
         only. False when the sequence is done."""
-        accepted = 0
+        accepted, start = 0, seq.cache.length
         for i in range(len(draft) + 1):
             seq.cache.length += 1
             self.model.release_outside_windows(seq.cache)
@@ -504,9 +566,11 @@ class Engine:
             if i == len(draft) or seq.last != draft[i]:
                 break
             accepted += 1
-        if seq.lookup is not None:
-            seq.lookup.update(len(draft), accepted)
+        if seq.proposals is not None:
+            seq.proposals.update(len(draft), accepted)
             self.stats.spec_accepted_tokens += accepted
+        if seq.drafter is not None:  # the draft read seq.last and the draft but its last: keep what was accepted
+            seq.drafter.synced = min(seq.drafter.synced, start + accepted + 1)
         return True
 
     def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int) -> None:

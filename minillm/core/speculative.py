@@ -1,4 +1,11 @@
-"""Speculative decoding by prompt lookup: the text proposes its own continuation.
+"""Speculative decoding: cheap guesses at the next tokens, kept only where plain decoding agrees.
+
+Two proposers: prompt lookup (PromptLookup, below) and a draft model (the engine runs it; DraftState
+is a sequence's side of it). Either way the engine runs the proposed tokens as extra rows of the
+sequence's next step and keeps each while it is the very token plain decoding would choose there
+(minillm.core.engine), so the text never changes.
+
+Prompt lookup: the text proposes its own continuation.
 
 Tasks whose output repeats their input (editing code, rewriting, extraction, quoting a document)
 let the sequence's own tokens guess what comes next: when its last n tokens (NGRAM_MIN <= n <=
@@ -21,16 +28,55 @@ MAX_BACKOFF_STEPS = 256
 FIRST_PROPOSAL = 4
 
 
-class PromptLookup:
-    """One sequence's n-gram index over its prompt and output, and its proposal length."""
+class ProposalLength:
+    """How many tokens to propose next: adapted to how much of the last proposal was kept."""
 
-    def __init__(self, tokens: list[int], most: int, ngram: int):
-        self.most, self.ngram = most, max(ngram, NGRAM_MIN)
-        self.tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where its latest earlier occurrence ends
+    def __init__(self, most: int):
+        self.most = most
         self.length = min(FIRST_PROPOSAL, most)
         self._resting = 0  # steps left without proposals
         self._backoff = BACKOFF_STEPS  # how long the next rest lasts
+
+    def next(self, room: int) -> int:
+        """The length of this step's proposal (0 while resting), at most `room`."""
+        if self._resting:
+            self._resting -= 1
+            if not self._resting:
+                self.length = 1
+            return 0
+        return max(0, min(self.length, room))
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if not proposed:
+            return
+        if accepted:
+            self._backoff = BACKOFF_STEPS
+        if accepted == proposed:
+            self.length = min(self.most, 2 * self.length)
+        elif accepted == 0:
+            if self.length == 1:
+                self._resting = self._backoff
+                self._backoff = min(2 * self._backoff, MAX_BACKOFF_STEPS)
+            self.length = max(1, self.length // 2)
+
+
+class DraftState:
+    """A sequence's draft-model side: its KV cache (the same slot in the draft's pool) and how many
+    of the sequence's tokens it holds."""
+
+    def __init__(self, cache, most: int):
+        self.cache, self.synced = cache, 0
+        self.proposals = ProposalLength(most)
+
+
+class PromptLookup(ProposalLength):
+    """One sequence's n-gram index over its prompt and output, and its proposal length."""
+
+    def __init__(self, tokens: list[int], most: int, ngram: int):
+        super().__init__(most)
+        self.ngram = max(ngram, NGRAM_MIN)
+        self.tokens: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where its latest earlier occurrence ends
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
@@ -45,12 +91,7 @@ class PromptLookup:
     def propose(self, room: int) -> list[int]:
         """Up to min(the current length, room) tokens that followed the latest earlier occurrence
         of the longest n-gram the sequence now ends with; [] when none occurred or resting."""
-        if self._resting:
-            self._resting -= 1
-            if not self._resting:
-                self.length = 1
-            return []
-        limit = min(self.length, room)
+        limit = self.next(room)
         if limit <= 0:
             return []
         tokens = self.tokens
@@ -59,17 +100,3 @@ class PromptLookup:
             if end is not None:
                 return tokens[end : end + limit]
         return []
-
-    def update(self, proposed: int, accepted: int) -> None:
-        """Adapt the proposal length to how much of the last proposal was kept."""
-        if not proposed:
-            return
-        if accepted:
-            self._backoff = BACKOFF_STEPS
-        if accepted == proposed:
-            self.length = min(self.most, 2 * self.length)
-        elif accepted == 0:
-            if self.length == 1:
-                self._resting = self._backoff
-                self._backoff = min(2 * self._backoff, MAX_BACKOFF_STEPS)
-            self.length = max(1, self.length // 2)
