@@ -259,3 +259,17 @@ def test_a_draft_no_cheaper_than_the_model_is_refused(checkpoint):
         minillm.load(checkpoint, dtype="int8", speculative="draft", draft_dtype="int8", progress=False)
     with pytest.raises(UsageError, match="need --speculative draft"):
         minillm.load(checkpoint, draft_dtype="int8", progress=False)
+
+
+def test_draft_length_follows_acceptance_and_cost():
+    from minillm.core.speculative import DraftLength
+
+    length = DraftLength(most=8)
+    for _ in range(10):
+        length.update(8, 8)  # every proposal taken
+    assert length.next(room=100, cost=0.3) == 8 and length.next(room=3, cost=0.3) == 3
+    for _ in range(30):
+        length.update(4, 0)  # every proposal refused at once (one token checked each time)
+    assert length.rate < 0.05
+    proposals = [length.next(room=100, cost=0.3) for _ in range(DraftLength.PROBE_STEPS)]
+    assert proposals == [0] * (DraftLength.PROBE_STEPS - 1) + [1]  # none, but a probe now and then

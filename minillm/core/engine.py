@@ -50,6 +50,7 @@ class ShutdownError(GenerationError):
 PREFILL_SHARE = 1.0  # a step with prompt rows may cost this much more than its decode rows alone
 MIN_PREFILL_ROWS = 16  # but reads at least this many prompt rows (a prompt always progresses)
 TIMING_WEIGHT = 0.25  # of the newest step in the running estimates of step costs
+DRAFT_COST_PRIOR = 0.4  # a draft step's time over a step's, until measured
 
 
 def check_prompt(ids: Sequence[int], vocab_size: int, ctx: int, max_tokens: int | None = None) -> None:
@@ -254,6 +255,7 @@ class Engine:
         self._shutdown: Exception | None = None
         self._decode_seconds: float | None = None  # running estimates of a step's costs
         self._row_seconds: float | None = None
+        self._draft_seconds: float | None = None  # and of a draft step's
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
@@ -512,7 +514,10 @@ class Engine:
         proposal length: a first draft step reads what the draft has not seen of each sequence
         (its accepted tokens since the last proposal, and seq.last), then one row per sequence and
         step, batched like the model's own steps."""
-        wanted = [s.drafter.proposals.next(self._room(s)) if s.drafter is not None else 0 for s in decoding]
+        cost = DRAFT_COST_PRIOR
+        if self._draft_seconds is not None and self._decode_seconds:
+            cost = self._draft_seconds / self._decode_seconds
+        wanted = [s.drafter.proposals.next(self._room(s), cost) if s.drafter is not None else 0 for s in decoding]
         drafts: list[list[int]] = [[] for _ in decoding]
         active = [i for i, k in enumerate(wanted) if k > 0]
         tokens, positions, slots, logit_rows = [], [], [], []
@@ -532,7 +537,11 @@ class Engine:
                 logit_rows = list(range(len(active)))
                 for i in active:
                     decoding[i].drafter.synced += 1
+            started = time.perf_counter()
             logits = self.draft.step(tokens, positions, slots, self.draft_pool, logit_rows)
+            if depth:  # a step of one row per sequence (the first also reads what the draft had not seen)
+                seconds, d = time.perf_counter() - started, self._draft_seconds
+                self._draft_seconds = seconds if d is None else (1 - TIMING_WEIGHT) * d + TIMING_WEIGHT * seconds
             for i, row in zip(active, logits):  # the request's logit_bias too: it often decides the choice
                 drafts[i].append(int(np.argmax(apply_logit_bias(row, decoding[i].request.params.logit_bias))))
         self.stats.spec_draft_tokens += sum(map(len, drafts))

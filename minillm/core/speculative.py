@@ -60,13 +60,49 @@ class ProposalLength:
             self.length = max(1, self.length // 2)
 
 
+class DraftLength:
+    """How many tokens a draft model proposes: the length that gives the most tokens per unit of
+    time, from the sequence's acceptance rate and the draft's measured cost. With per-token
+    acceptance a, k proposals emit 1 + a + ... + a^k tokens for a step plus k draft steps; when no
+    k beats plain decoding, none (but one every PROBE_STEPS steps, to keep measuring a)."""
+
+    PRIOR_RATE = 0.8
+    PROBE_STEPS = 16
+
+    def __init__(self, most: int):
+        self.most = most
+        self.rate = self.PRIOR_RATE
+        self._idle = 0
+
+    def next(self, room: int, cost: float) -> int:
+        """cost: a draft step's time over a step's."""
+        best_k, best, expected = 0, 1.0, 1.0
+        for k in range(1, min(self.most, room) + 1):
+            expected += self.rate**k
+            value = expected / (1 + k * cost)
+            if value > best:
+                best_k, best = k, value
+        if best_k == 0 and room > 0:
+            self._idle += 1
+            if self._idle >= self.PROBE_STEPS:
+                self._idle = 0
+                return 1
+        return best_k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if not proposed:
+            return
+        trials = accepted + (accepted < proposed)  # tokens checked: the accepted ones and the first refused
+        self.rate += min(1.0, trials / 8) * (accepted / trials - self.rate)
+
+
 class DraftState:
     """A sequence's draft-model side: its KV cache (the same slot in the draft's pool) and how many
     of the sequence's tokens it holds."""
 
     def __init__(self, cache, most: int):
         self.cache, self.synced = cache, 0
-        self.proposals = ProposalLength(most)
+        self.proposals = DraftLength(most)
 
 
 class PromptLookup(ProposalLength):
