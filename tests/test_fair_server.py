@@ -248,6 +248,15 @@ def test_a_large_authorized_body_does_not_pause_streams(server, llm):
     assert during and max(during) < 0.5, max(during)
 
 
+def test_a_million_messages_are_refused_at_once(server):
+    """An authorized chat of 1,000,000 messages (28 MB) is past the body limit: a 413 in well under
+    half a second, before a byte is parsed."""
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": "a"}] * 1_000_000}).encode()
+    started = time.perf_counter()
+    response = httpx.post(server + "/v1/chat/completions", content=body, headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 413 and time.perf_counter() - started < 0.5
+
+
 def test_host_header_must_name_the_server(server):
     assert httpx.get(server + "/health", headers={"Host": "evil.example"}).status_code == 400
     assert httpx.get(server + "/health", headers={"Host": "localhost"}).status_code == 200
