@@ -13,7 +13,8 @@ import pytest
 
 import minillm
 from minillm.serving.server import create_app
-from minillm.serving.tools import ToolCall, call_grammar, parse_tool_calls, template_format
+from minillm.core.structured import StructuredOutputError
+from minillm.serving.tools import ToolCall, call_grammar, forced_names, parse_tool_calls, template_format
 
 pytestmark = pytest.mark.slow  # the default model, servers or transformers: the full suite, not the quick tier
 
@@ -138,3 +139,6 @@ def test_parsing_each_format():
     assert calls[0].arguments == {"d": 4}
     assert parse_tool_calls('{"response": "Hello."}', "generic", functions) == ("Hello.", [])
     assert '"response"' in call_grammar(functions, ["f"], "generic", may_answer=True)
+    for choice in ({"function": "x"}, {"function": {"name": ["f"]}}, {"type": "function"}, "sometimes", 3):
+        with pytest.raises(StructuredOutputError):  # a 400 naming tool_choice, never a crash (found by tests/test_fuzz.py)
+            forced_names(functions, choice)

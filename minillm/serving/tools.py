@@ -68,8 +68,9 @@ def forced_names(functions: dict[str, dict], tool_choice) -> list[str] | None:
         return None
     if tool_choice == "required":
         return list(functions)
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
-    if name not in functions:
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or name not in functions:
         raise StructuredOutputError(f"tool_choice names no function of tools: {tool_choice!r}", "tool_choice")
     return [name]
 
