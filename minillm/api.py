@@ -77,22 +77,7 @@ class LLM:
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config)
-        self.draft = self._load_draft(options) if options.speculative == "draft" else None
-
-    def _load_draft(self, options: Options) -> Model:
-        """The draft model of `--speculative draft`: options.draft_model (default: this model's own
-        weights) at options.draft_dtype (default int8, or q4_0 for a GGUF), with this context."""
-        source = Path(options.draft_model) if options.draft_model else self.source
-        dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
-        draft = Model.load(source, ctx=self.model.ctx, dtype=dtype, threads=options.threads)
-        if draft.config.vocab_size != self.model.config.vocab_size:
-            raise UsageError(f"--draft-model {source}: its vocabulary has {draft.config.vocab_size} tokens, the model's "
-                             f"{self.model.config.vocab_size}; a draft must share the model's tokenizer")
-        if draft.weights.nbytes > MAX_DRAFT_SHARE * self.model.weights.nbytes:  # a step reads every weight once
-            raise UsageError(f"the draft ({source.name} at {dtype}, {draft.weights.nbytes / 2**20:.0f} MiB) is not much cheaper than the "
-                             f"model ({self.model.weights.nbytes / 2**20:.0f} MiB), so it could only slow decoding; give "
-                             "--draft-model a smaller model or --draft-dtype a smaller precision")
-        return draft
+        self.draft = load_draft(self.model, self.source, options) if options.speculative == "draft" else None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -259,6 +244,23 @@ def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer)
         return config_eos
     eos = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
     return (eos,) if eos is not None else ()
+
+
+def load_draft(model: Model, source: Path, options: Options) -> Model:
+    """The draft model of `--speculative draft` for `model` (loaded from `source`):
+    options.draft_model (default: the model's own weights) at options.draft_dtype (default int8, or
+    q4_0 for a GGUF), with the model's context."""
+    source = Path(options.draft_model) if options.draft_model else Path(source)
+    dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
+    draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads)
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise UsageError(f"--draft-model {source}: its vocabulary has {draft.config.vocab_size} tokens, the model's "
+                         f"{model.config.vocab_size}; a draft must share the model's tokenizer")
+    if draft.weights.nbytes > MAX_DRAFT_SHARE * model.weights.nbytes:  # a step reads every weight once
+        raise UsageError(f"the draft ({source.name} at {dtype}, {draft.weights.nbytes / 2**20:.0f} MiB) is not much cheaper than the "
+                         f"model ({model.weights.nbytes / 2**20:.0f} MiB), so it could only slow decoding; give "
+                         "--draft-model a smaller model or --draft-dtype a smaller precision")
+    return draft
 
 
 def _only(handle):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .core.model import Model
+from .options import Options
 
 
 def peak_rss_mb() -> float:
@@ -26,15 +27,14 @@ def run(
     gen_tokens: int = 128,
     ctx: int | None = None,
     seed: int = 0,
-    speculative: str | None = None,
-    spec_tokens: int = 8,
-    spec_ngram: int = 3,
+    speculation: Options | None = None,
     prompt: list[int] | None = None,
 ) -> dict:
     """Load, warm up, then time a prefill of `prompt_tokens` and `gen_tokens` greedy decode steps
     (of `prompt` when given: a text whose output repeats it shows what speculation gains). With
-    `speculative`, also the same greedy generation through the engine with and without it:
-    tokens/s from the first token on, and the tokens proposed and accepted."""
+    `speculation` (Options whose speculative is set: its spec_* and draft_* fields), also the same
+    greedy generation through the engine with and without it: tokens/s from the first token on,
+    and the tokens proposed and accepted."""
     t0 = time.perf_counter()
     model = Model.load(model_dir, ctx=ctx, dtype=dtype)
     load_s = time.perf_counter() - t0
@@ -60,7 +60,9 @@ def run(
     for _ in range(gen_tokens):
         token = int(np.argmax(model.forward([token], cache)))
     decode_s = time.perf_counter() - t0
-    spec = _speculative(model, prompt.tolist(), gen_tokens, speculative, spec_tokens, spec_ngram) if speculative and gen_tokens > 1 else {}
+    spec = {}
+    if speculation is not None and speculation.speculative and gen_tokens > 1:
+        spec = _speculative(model, model_dir, prompt.tolist(), gen_tokens, speculation)
 
     return {
         "model": str(model_dir),
@@ -78,23 +80,25 @@ def run(
     }
 
 
-def _speculative(model: Model, prompt: list[int], gen_tokens: int, speculative: str, spec_tokens: int, spec_ngram: int) -> dict:
+def _speculative(model: Model, source, prompt: list[int], gen_tokens: int, speculation: Options) -> dict:
     """Greedy generation through the engine, plain and speculative, timed from the first token."""
+    from .api import load_draft
     from .core.engine import Engine
     from .core.sampling import SamplingParams
-    from .options import Options
 
-    def generate(options: Options):
-        engine = Engine(model, options)
+    draft = load_draft(model, source, speculation) if speculation.speculative == "draft" else None
+
+    def generate(options: Options, draft=None):
+        engine = Engine(model, options, draft=draft)
         times, tokens = [], []
         for event in engine.submit(prompt, SamplingParams(temperature=0), gen_tokens, ()):
             times.append(time.perf_counter())
             tokens.append(event.token)
         return (len(tokens) - 1) / (times[-1] - times[0]), tokens, engine.stats
 
-    plain_tok_s, plain, _ = generate(Options(max_batch=1, cache_mb=0))
-    spec_tok_s, tokens, stats = generate(Options(max_batch=1, cache_mb=0, speculative=speculative, spec_tokens=spec_tokens,
-                                                 spec_ngram=spec_ngram))
+    alone = speculation.replace(max_batch=1, cache_mb=0)
+    plain_tok_s, plain, _ = generate(alone.replace(speculative=None, draft_model=None, draft_dtype=None))
+    spec_tok_s, tokens, stats = generate(alone, draft)
     assert tokens == plain, "speculative decoding changed the text"
     return {"engine_decode_tok_s": plain_tok_s, "spec_decode_tok_s": spec_tok_s, "spec_speedup": spec_tok_s / plain_tok_s,
             "spec_draft_tokens": stats.spec_draft_tokens, "spec_accepted_tokens": stats.spec_accepted_tokens}

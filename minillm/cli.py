@@ -269,8 +269,7 @@ def cmd_bench(args) -> int:
         from minillm.core.tokenizer import Tokenizer
 
         prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
-    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculative=args.speculative,
-                 spec_tokens=args.spec_tokens or 8, spec_ngram=args.spec_ngram or 3, prompt=prompt)
+    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -165,13 +165,14 @@ def test_serve_with_a_broken_model_is_one_line(broken):
 
 
 @pytest.mark.slow
-def test_bench_reports_speculation(default_model_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_bench_reports_speculation(default_model_dir, tmp_path, mode):
     """`bench --speculative ngram --json` after a text that repeats: the engine's decode with and
     without it (the same tokens, or bench fails), and the tokens proposed and accepted."""
     text = tmp_path / "prompt.txt"
     text.write_text("one two three four five six seven eight " * 20)
     result = run("bench", "--model", str(default_model_dir), "--prompt-file", str(text), "--gen-tokens", "24",
-                 "--speculative", "ngram", "--json")
+                 "--speculative", mode, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["spec_draft_tokens"] >= report["spec_accepted_tokens"] >= 0

@@ -411,6 +411,8 @@ class Engine:
             self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)
+        except Exception as e:  # a bug: fail this request, keep serving the others
+            self._fail(seq, GenerationError(f"internal engine error: {type(e).__name__}: {e}"))
 
     def _prefill_rows(self, decoding: int) -> int:
         """Prompt rows for this step: all of a chunk when nothing decodes, else as many as cost
@@ -465,8 +467,6 @@ class Engine:
             self._running = []
             return
         self._note_cost(time.perf_counter() - started, decode_rows, len(tokens) - decode_rows)
-        if self.draft is not None and chunks:
-            self._draft_read([s for s, _, _ in chunks])
         self.stats.steps += 1
         self.stats.batch_tokens += len(decoding)
         self.stats.prefill_steps += bool(chunks)
@@ -479,6 +479,9 @@ class Engine:
         for s, first, n in chunks:
             s.cache.length += n
             s.read += n
+        if self.draft is not None and chunks:
+            self._draft_read([s for s, _, _ in chunks])  # before a finished prompt's first token starts its proposals
+        for s, first, n in chunks:
             if s.request.embedding and hidden is not None:
                 s.normed[s.read - n : s.read] = hidden[-1, first : first + n]
             if s.prefilling:

@@ -22,6 +22,11 @@ PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-i
 PAGES = ("/",)
 
 
+def too_large(max_body_bytes: int) -> str:
+    """The 413's message, whether the declared size (here) or the bytes read (the server) exceed it."""
+    return f"the request body is larger than this server takes ({max_body_bytes / 2**20:g} MB; --max-body-mb)"
+
+
 def protected(path: str) -> bool:
     """The routes the API key guards: the OpenAI API and the tokenizer's."""
     return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
@@ -101,8 +106,7 @@ class Gate:
                 return await _refuse(send, 401, "invalid API key", "authentication_error", "invalid_api_key", cors)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            return await _refuse(send, 413, f"the request body is larger than this server takes ({self.max_body_bytes // 2**20} MB; --max-body-mb)",
-                                 "invalid_request_error", "body_too_large", cors)
+            return await _refuse(send, 413, too_large(self.max_body_bytes), "invalid_request_error", "body_too_large", cors)
         extra = cors + [(b"x-content-type-options", b"nosniff")]
         if path in PAGES:
             extra.append((b"content-security-policy", PAGE_CSP.encode()))

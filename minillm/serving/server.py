@@ -48,7 +48,7 @@ from .openai_protocol import (
     SamplingRequest,
     TokenizeRequest,
 )
-from .gate import Gate
+from .gate import Gate, too_large
 from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, parse_tool_calls,
                     template_format, template_messages)
 
@@ -303,12 +303,12 @@ class Service:
     """What the endpoints share: the model (None while it loads), the API key, counters, and
     starting a generation."""
 
-    def __init__(self, llm: LLM | None, model_name: str, api_key: str | None):
+    def __init__(self, llm: LLM | None, model_name: str, api_key: str | None, max_body_mb: float = DEFAULTS.max_body_mb):
         self.model_name, self.api_key = model_name, api_key
+        self.max_body_bytes = int(max_body_mb * 2**20)
         self.llm: LLM | None = None
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
-        self.max_body_bytes = int(DEFAULTS.max_body_mb * 2**20)
         if llm is not None:
             self.attach(llm)
 
@@ -334,8 +334,7 @@ class Service:
         async for chunk in request.stream():  # a body sent without Content-Length is counted as it comes
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise APIError(413, f"the request body is larger than this server takes ({self.max_body_bytes // 2**20} MB; --max-body-mb)",
-                               code="body_too_large")
+                raise APIError(413, too_large(self.max_body_bytes), code="body_too_large")
             chunks.append(chunk)
         return await asyncio.to_thread(parse_body, b"".join(chunks), schema, self.ctx)
 
@@ -488,8 +487,7 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, opt
     """The app; with llm None it answers 503 until app.state.service.attach(llm). options: the
     HTTP server's (host, max_body_mb, allowed_hosts, allowed_origins)."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
-    service = app.state.service = Service(llm, model_name, api_key)
-    service.max_body_bytes = int(options.max_body_mb * 2**20)
+    service = app.state.service = Service(llm, model_name, api_key, options.max_body_mb)
     app.add_middleware(Gate, service=service, bind=options.host, allowed_hosts=options.allowed_hosts,
                        allowed_origins=options.allowed_origins, max_body_bytes=service.max_body_bytes)
     _add_error_handlers(app, service)
