@@ -97,7 +97,7 @@ def _speculative(model: Model, source, prompt: list[int], gen_tokens: int, specu
         return (len(tokens) - 1) / (times[-1] - times[0]), tokens, engine.stats
 
     alone = speculation.replace(max_batch=1, cache_mb=0)
-    plain_tok_s, plain, _ = generate(alone.replace(speculative=None, draft_model=None, draft_dtype=None))
+    plain_tok_s, plain, _ = generate(alone.replace(speculative=None, spec_tokens=None, spec_ngram=None, draft_model=None, draft_dtype=None))
     spec_tok_s, tokens, stats = generate(alone, draft)
     assert tokens == plain, "speculative decoding changed the text"
     return {"engine_decode_tok_s": plain_tok_s, "spec_decode_tok_s": spec_tok_s, "spec_speedup": spec_tok_s / plain_tok_s,

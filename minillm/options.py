@@ -13,6 +13,8 @@ from pathlib import Path
 from .errors import UsageError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the bundled model (minillm.loading.default_model)
+DEFAULT_SPEC_TOKENS = 8  # speculative decoding's longest proposal
+DEFAULT_SPEC_NGRAM = 3  # and prompt lookup's longest n-gram
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,8 @@ class Options:
     speculative: str | None = field(default=None, metadata={"help": "propose tokens and keep those plain decoding would choose (the same text, faster): ngram (prompt lookup; when output repeats input) or draft (a cheaper model)"})
     draft_model: str | None = field(default=None, metadata={"help": "with --speculative draft, the model that proposes (same tokenizer; default: the model itself)"})
     draft_dtype: str | None = field(default=None, metadata={"help": "with --speculative draft, the draft's weight precision (default: int8 for a checkpoint, q4_0 for a GGUF)"})
-    spec_tokens: int = field(default=8, metadata={"help": "with --speculative, the most tokens proposed per step"})
-    spec_ngram: int = field(default=3, metadata={"help": "with --speculative ngram, the longest n-gram looked up (2 at least)"})
+    spec_tokens: int | None = field(default=None, metadata={"help": f"with --speculative, the most tokens proposed per step (default {DEFAULT_SPEC_TOKENS})"})
+    spec_ngram: int | None = field(default=None, metadata={"help": f"with --speculative ngram, the longest n-gram looked up (2 at least; default {DEFAULT_SPEC_NGRAM})"})
     prefill_chunk: int | None = field(default=None, metadata={"help": "prompt tokens read per step beside running streams (default: sized so their tokens keep coming)"})
     # the HTTP server
     model_name: str | None = field(default=None, metadata={"help": "the model id clients send (default: the model's file or directory name)"})
@@ -63,6 +65,10 @@ class Options:
             raise UsageError(f"speculative must be ngram (prompt lookup) or draft (a draft model), got {self.speculative!r}")
         if self.speculative != "draft" and (self.draft_model is not None or self.draft_dtype is not None):
             raise UsageError("--draft-model and --draft-dtype need --speculative draft")
+        if self.speculative is None and (self.spec_tokens is not None or self.spec_ngram is not None):
+            raise UsageError("--spec-tokens and --spec-ngram need --speculative")
+        if self.speculative == "draft" and self.spec_ngram is not None:
+            raise UsageError("--spec-ngram is for --speculative ngram (prompt lookup), not draft")
         if self.replicas is not None and self.autoscale is not None:
             raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
 

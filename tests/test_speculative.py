@@ -259,6 +259,10 @@ def test_a_draft_no_cheaper_than_the_model_is_refused(checkpoint):
         minillm.load(checkpoint, dtype="int8", speculative="draft", draft_dtype="int8", progress=False)
     with pytest.raises(UsageError, match="need --speculative draft"):
         minillm.load(checkpoint, draft_dtype="int8", progress=False)
+    with pytest.raises(UsageError, match="need --speculative"):  # never accepted and ignored
+        minillm.load(checkpoint, spec_tokens=4, progress=False)
+    with pytest.raises(UsageError, match="not draft"):
+        minillm.load(checkpoint, speculative="draft", spec_ngram=4, progress=False)
 
 
 def test_draft_length_follows_acceptance_and_cost():

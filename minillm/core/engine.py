@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextLengthError, GenerationError, MiniLLMError
-from ..options import DEFAULTS, Options
+from ..options import DEFAULT_SPEC_NGRAM, DEFAULT_SPEC_TOKENS, DEFAULTS, Options
 from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
@@ -241,7 +241,9 @@ class Engine:
         max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.prefill_chunk = options.prefill_chunk
-        self.speculative, self.spec_tokens, self.spec_ngram = options.speculative, options.spec_tokens, options.spec_ngram
+        self.speculative = options.speculative
+        self.spec_tokens = options.spec_tokens or DEFAULT_SPEC_TOKENS
+        self.spec_ngram = options.spec_ngram or DEFAULT_SPEC_NGRAM
         if (options.speculative == "draft") != (draft is not None):
             raise GenerationError("speculative decoding with a draft model needs the draft model (minillm.load loads it)")
         self.draft = draft
