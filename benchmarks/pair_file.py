@@ -6,6 +6,9 @@ bench_vs_llamacpp.py (one file, no transformers, no bandwidth samples), for a ch
 
     python benchmarks/pair_file.py FILE.gguf --depths 128,1024,4000   # decode deeper into the context
 
+    python benchmarks/pair_file.py Q8_0.gguf --minillm-model weights/SmolLM2-135M-Instruct --minillm-dtype int8
+                                      # minillm on a checkpoint at a --dtype, llama.cpp on the file
+
 Prints prefill of 512 tokens and decode of 128 tokens after a prompt of each --depths tokens (128
 unless given; both engines at the same context depth), and each engine's figures per round.
 Benchmarks are not tests.
@@ -26,6 +29,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depths", default="128", help="comma-separated prompt lengths to decode after")
+    ap.add_argument("--minillm-model", type=Path, help="what minillm runs instead of the file (e.g. a checkpoint directory)")
+    ap.add_argument("--minillm-dtype", help="minillm's --dtype for it")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     metrics = ["prefill512"] + [f"decode@{d}" for d in depths]
@@ -34,12 +39,16 @@ def main() -> None:
     for r in range(args.rounds):
         order = ["minillm", "llama.cpp"] if r % 2 == 0 else ["llama.cpp", "minillm"]
         for engine in order:
-            run = bench.run_minillm if engine == "minillm" else (lambda f, _d, P, G, t: bench.run_llama(f, P, G, t))
+            if engine == "minillm":
+                run = lambda P, G: bench.run_minillm(args.minillm_model or args.gguf, args.minillm_dtype, P, G, args.threads)
+            else:
+                run = lambda P, G: bench.run_llama(args.gguf, P, G, args.threads)
             for d in depths:
-                figures[(engine, f"decode@{d}")].append(run(args.gguf, None, d, 128, args.threads)["decode_tok_s"])
-            figures[(engine, "prefill512")].append(run(args.gguf, None, 512, 0, args.threads)["prefill_tok_s"])
+                figures[(engine, f"decode@{d}")].append(run(d, 128)["decode_tok_s"])
+            figures[(engine, "prefill512")].append(run(512, 0)["prefill_tok_s"])
         print(f"round {r + 1}: " + ", ".join(f"{e} {m} {v[-1]:.1f}" for (e, m), v in figures.items()), flush=True)
-    print(f"\n{args.gguf.name}, {args.rounds} rounds, {args.threads} threads: tok/s minillm / llama.cpp = ratio")
+    ours_label = f"{args.minillm_model or args.gguf.name} {args.minillm_dtype or ''}".strip()
+    print(f"\nminillm on {ours_label}, llama.cpp on {args.gguf.name}, {args.rounds} rounds, {args.threads} threads: tok/s minillm / llama.cpp = ratio")
     for metric in metrics:
         ours, theirs = statistics.median(figures[("minillm", metric)]), statistics.median(figures[("llama.cpp", metric)])
         ahead = sum(a > b for a, b in zip(figures[("minillm", metric)], figures[("llama.cpp", metric)]))

@@ -139,7 +139,8 @@ def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full):
             b = 0
             while b + TILE_TOKENS <= B:
                 streamed_tile(out, b, col + n, w, s, n, xc, b)
-                _add_tails(out, b, col + n, TILE_TOKENS, TILE_ROWS, w, s, n, x, full)
+                if full < x.shape[1]:
+                    _add_tails(out, b, col + n, TILE_TOKENS, TILE_ROWS, w, s, n, x, full)
                 b += TILE_TOKENS
             for bb in range(b, B):  # the rows of x a tile left, one dot product at a time
                 for i in range(n, n + TILE_ROWS):
@@ -211,7 +212,8 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
         r = r0
         while r + TR <= r1:
             prepared_tile(out, t, col + r, w, s, r, xc, xs, t, table)
-            _add_tails(out, t, col + r, TT, TR, w, s, r, x, full)
+            if full < x.shape[1]:  # a call per tile costs 10-15% of a tile's time at K = 576
+                _add_tails(out, t, col + r, TT, TR, w, s, r, x, full)
             r += TR
         for r in range(r, r1):  # the last rows of a partial block
             for tt in range(t, t + TT):
