@@ -32,7 +32,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q6_K, Q8_0, literal_value, prefetch_offsets
+from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, literal_value, prefetch_offsets
 from .jit import EXACT_MATH, kernel
 from .target import has
 from .vector_ir import (
@@ -54,10 +54,11 @@ from .vector_ir import (
 )
 
 Q4_0_R16 = 1002  # not ggml types: block formats in groups of 16 rows (the matrix's `s`)
+Q5_0_R16 = 1006
 Q8_0_R16 = 1008
 Q4_K_R16 = 1012
 Q6_K_R16 = 1014
-GROUPED = {Q4_0: Q4_0_R16, Q8_0: Q8_0_R16, Q4_K: Q4_K_R16, Q6_K: Q6_K_R16}  # ggml type -> its grouped layout
+GROUPED = {Q4_0: Q4_0_R16, Q5_0: Q5_0_R16, Q8_0: Q8_0_R16, Q4_K: Q4_K_R16, Q6_K: Q6_K_R16}  # ggml type -> its grouped layout
 GROUP = 16
 Q4_0_BYTES = FORMATS[Q4_0][1]  # 18: a float16 scale, 16 bytes of levels
 GROUP_BLOCK_BYTES = GROUP * Q4_0_BYTES  # 288: 16 scales, then 4 words of 64 bytes
@@ -76,12 +77,12 @@ def can_group(w: np.ndarray, ggml_type: int = Q4_0) -> bool:
 @njit(cache=True, _nrt=False)
 def is_grouped(fmt):
     """Whether a block matrix's `s` names a grouped layout."""
-    return fmt == Q4_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
+    return fmt == Q4_0_R16 or fmt == Q5_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
 
 
 def group_rows(out, w, ggml_type: int) -> int:
     """out (w's shape: the same bytes) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
-    {Q4_0: group_q4_0, Q8_0: group_q8_0, Q4_K: group_q4_k, Q6_K: group_q6_k}[ggml_type](out, w)
+    {Q4_0: group_q4_0, Q5_0: group_q5_0, Q8_0: group_q8_0, Q4_K: group_q4_k, Q6_K: group_q6_k}[ggml_type](out, w)
     return GROUPED[ggml_type]
 
 
@@ -410,6 +411,74 @@ _q4_step = _block_step(8, _q4_parts)
 q4_r16_tile = _group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile).")
 
 
+# ---------------------------------------------------------------- Q5_0
+#
+# Q5_0_R16, per group of 16 rows and block of 32 (352 bytes, 16 x 22): the 16 rows' float16
+# scales, then a 64-byte word of fifth bits, then Q4_0_R16's four words of nibbles. In the
+# fifth bits' word, byte 4r + j holds row r's fifth bit of weight 4o + j at bit o and of weight
+# 16 + 4o + j at bit 4 + o (o = 0..3): the bits that nibble word o's lanes need, shifted into
+# place with one shift and mask each. Levels 0..31 (weight = d * (level - 16), as gguf-py's).
+# llama.cpp's Q4_K_M and Q5_K_M files store most matrices whose rows are not whole super-blocks
+# of 256 (the default model's, 576 wide) as Q5_0.
+
+Q5_0_BYTES = FORMATS[Q5_0][1]  # 22
+Q5_0_GROUP_BYTES = GROUP * Q5_0_BYTES  # 352
+Q5_0_NIBBLES_AT = 32 + 64  # after the scales and the fifth bits
+
+
+def group_q5_0(out, w):
+    """out = Q5_0 rows w (N, blocks * 22) regrouped as Q5_0_R16 (same shape): N % 16 == 0."""
+    N = w.shape[0]
+    G = N // GROUP
+    blocks = w.reshape(G, GROUP, -1, Q5_0_BYTES)
+    nb = blocks.shape[2]
+    d = np.ascontiguousarray(blocks[..., :2].transpose(0, 2, 1, 3)).reshape(G, nb, 32)
+    qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")[..., 0].astype(np.uint32)  # (G, 16, nb): bit i = weight i's
+    fifth = np.zeros((G, GROUP, nb, 4), np.uint8)  # byte j of row r
+    for j in range(4):
+        for o in range(4):
+            fifth[..., j] |= (((qh >> (4 * o + j)) & 1) << o).astype(np.uint8)
+            fifth[..., j] |= (((qh >> (16 + 4 * o + j)) & 1) << (4 + o)).astype(np.uint8)
+    fifth = fifth.transpose(0, 2, 1, 3).reshape(G, nb, 64)
+    nibbles = blocks[..., 6:].reshape(G, GROUP, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(G, nb, 256)
+    out.reshape(G, nb, Q5_0_GROUP_BYTES)[:] = np.concatenate([d, fifth, nibbles], axis=2)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def q5_r16_row_get(w, n, out):
+    """out[:] = row n of Q5_0_R16 weights as float32: d * (level - 16), as gguf-py dequantizes."""
+    flat, base, r = _row_in_group(w, n)
+    for k in range(w.shape[1] // Q5_0_BYTES):
+        at = base + k * Q5_0_GROUP_BYTES
+        d = _f16_at(flat, at + 2 * r)
+        for o in range(4):
+            for j in range(4):
+                byte = np.int32(flat[at + Q5_0_NIBBLES_AT + 64 * o + 4 * r + j])
+                fifth = np.int32(flat[at + 32 + 4 * r + j])
+                low = (byte & 15) | (((fifth >> o) & 1) << 4)
+                high = (byte >> 4) | (((fifth >> (4 + o)) & 1) << 4)
+                out[QBLOCK * k + 4 * o + j] = d * np.float32(low - 16)
+                out[QBLOCK * k + 16 + 4 * o + j] = d * np.float32(high - 16)
+
+
+def _q5_parts(b, bp):
+    """Q5_0_R16's words as eight level vectors (0..31): each nibble vector of _q4_parts with its
+    fifth bits shifted to bit 4."""
+    fifth = _word64(b, bp, 32)
+    bytes_of = lambda v: ir.Constant(BYTES64, [v] * 64)
+    parts = []
+    for o in range(4):
+        low, high = _nibbles(b, _word64(b, bp, Q5_0_NIBBLES_AT + 64 * o))
+        low_fifth = b.and_(b.shl(fifth, bytes_of(4 - o)), bytes_of(16))
+        high_fifth = b.and_(b.lshr(fifth, bytes_of(o)), bytes_of(16))
+        parts += [(b.or_(low, low_fifth), 4 * o), (b.or_(high, high_fifth), 16 + 4 * o)]
+    return parts
+
+
+_q5_step = _block_step(16, _q5_parts)
+q5_r16_tile = _group_tile(Q5_0_GROUP_BYTES, QBLOCK, _q5_step, "Q5_0_R16 rows of group g . G tokens (_group_tile).")
+
+
 # ---------------------------------------------------------------- Q8_0
 #
 # Q8_0_R16, per group of 16 rows and block of 32 (544 bytes, 16 x 34): the 16 rows' float16
@@ -663,8 +732,8 @@ qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of gro
 
 # ---------------------------------------------------------------- each layout, by its code
 
-TILES = {Q4_0_R16: q4_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile}
-ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get}
+TILES = {Q4_0_R16: q4_r16_tile, Q5_0_R16: q5_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile}
+ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get}
 
 
 def grouped_rows(fmt, out, col, w, g, xo, xs):

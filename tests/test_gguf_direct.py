@@ -63,7 +63,7 @@ CASES = {
 }
 
 
-GROUPED_CASES = ("q4_0", "q8_0", "q4_k", "q6_k", "mixture", "v_at_q8_0", "v_mixed_layers")  # with Q4_0, Q8_0, Q4_K or Q6_K matrices in whole groups of 16 rows
+GROUPED_CASES = ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "mixture", "v_at_q8_0", "v_mixed_layers")  # with Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrices in whole groups of 16 rows
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -84,7 +84,7 @@ def test_stored_formats_give_the_dequantized_models_logits(gguf_case):
     assert direct.dtype == exact.dtype if exact.dtype == "bfloat16" else direct.dtype == "gguf"
     ours = direct.forward(TOKENS, direct.new_cache(), all_logits=True)
     reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
-    # float32 sums and one int8 matrix, or Q4_0, Q4_K and Q6_K regrouped (kernels.integer_products: integer
+    # float32 sums and one int8 matrix, or Q4_0, Q5_0, Q8_0, Q4_K and Q6_K regrouped (kernels.integer_products: integer
     # products with activations quantized to 16 bits per block): close, not equal
     assert any(f.group_of for f in direct.weights.formats) == (case in GROUPED_CASES)
     if case in ("v_at_q8_0", *GROUPED_CASES):

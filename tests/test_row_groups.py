@@ -1,4 +1,4 @@
-"""Q4_0 and Q6_K in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
+"""Q4_0, Q5_0, Q8_0, Q4_K and Q6_K in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
 every weight (dequantized bit for bit as gguf-py does), activations split into bytes exactly,
 products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
 same bits."""
@@ -7,12 +7,12 @@ import minillm.kernels.integer_products as KQ
 import numpy as np
 import pytest
 from gguf_tiny import random_blocks
-from minillm.kernels.gguf_blocks import Q4_0, Q4_K, Q6_K, Q8_0
+from minillm.kernels.gguf_blocks import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from numba import njit
 
 from minillm import kernels as K
 
-FORMATS = [Q4_0, Q8_0, Q4_K, Q6_K]
+FORMATS = [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K]
 
 
 @njit(cache=True)
@@ -39,6 +39,13 @@ def levels_and_scales(fmt, q, cols):
         qs = blocks[:, :, 2:].astype(np.int64)
         d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
         return np.concatenate([qs & 15, qs >> 4], axis=2) - 8, d, np.zeros_like(d)
+    if fmt == Q5_0:
+        blocks = q.reshape(N, cols // 32, 22)
+        d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        qh = blocks[:, :, 2:6].copy().view("<u4").astype(np.int64)  # (N, blocks, 1)
+        qs = blocks[:, :, 6:].astype(np.int64)
+        fifth = (qh >> np.arange(32)) & 1
+        return np.concatenate([qs & 15, qs >> 4], axis=2) + 16 * fifth - 16, d, np.zeros_like(d)
     if fmt == Q8_0:
         blocks = q.reshape(N, cols // 32, 34)
         d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
