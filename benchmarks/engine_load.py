@@ -94,7 +94,7 @@ def main() -> None:
 
     kwargs = {"dtype": args.dtype} if args.dtype else {}
     llm = minillm.load(args.model, ctx=1024, max_batch=8, progress=False, **kwargs)  # as serve_load.py serves it
-    steps, prefills = Timed(llm.model, "decode_batch"), Timed(llm.model, "forward")
+    steps, prefills = Timed(llm.model, "step"), Timed(llm.model, "forward")  # the engine steps every row through step()
     levels = [int(c) for c in args.levels.split(",")]
     level(llm, steps, prefills, 2, 1, 8)  # warm-up: kernels loaded, the batch path run
     runs = {c: [] for c in levels}
