@@ -18,8 +18,9 @@ prefill agree bit for bit. Against the file dequantized and run at float32, a pr
 that of 16-bit activations (about 1/65000 of a block's largest value): llama.cpp meets Q4_0 with
 8-bit ones.
 
-Q4_K and Q6_K are regrouped the same way (the levels' bits and the scales' packing kept; a
-Q4_K step unpacks its 6-bit scales and minimums for the 16 rows at once). A group's blocks are
+Q5_0, Q8_0, Q4_K and Q6_K are regrouped the same way (the levels' bits and the scales' packing
+kept; a Q5_0 step shifts each lane's fifth bits into place, a Q4_K step unpacks its 6-bit scales
+and minimums for the 16 rows at once). A group's blocks are
 one sequential stream, left to the hardware prefetcher, but for Q6_K: its step (53 lines) asks
 for one line a page ahead, which keeps the next page's stream started (weights streamed from
 memory, one token, alternating: +5-12%). A prefetch of every line a page ahead cost ~20% at
@@ -70,7 +71,8 @@ BYTES64 = ir.VectorType(I8, 64)
 
 
 def can_group(w: np.ndarray, ggml_type: int = Q4_0) -> bool:
-    """Whether a Q4_0 or Q6_K matrix (uint8 rows of blocks) can be regrouped: whole groups of 16 rows."""
+    """Whether a matrix of a groupable block format (GROUPED: uint8 rows of blocks) can be regrouped:
+    whole groups of 16 rows."""
     return ggml_type in GROUPED and w.shape[0] % GROUP == 0 and w.shape[1] % FORMATS[ggml_type][1] == 0
 
 
