@@ -41,7 +41,7 @@ from .jit import EXACT_MATH, array_at, call_at, kernel, native_address, rows_vie
 from .matmul import ROWS_PER_TASK, call_linear, call_row
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
-from .swiglu import gelu_tanh_mul, silu_mul, softcap_row
+from .swiglu import gated_row, softcap_row
 from .work_sharing import claim, start_claims
 
 # The constants the forward pass passes to its helpers are NumPy integers: Numba types a Python
@@ -517,12 +517,6 @@ def _gate_span(r0, r1, gate, up, bias, l, gelu):
             for n in range(I):
                 gate[t, n] += bias[l, n]
                 up[t, n] += bias[l, I + n]
-        g, u = gate[t], up[t]
-        if gelu:  # the choice outside the loop: inside, it kept the loop scalar (10x slower)
-            for n in range(I):
-                g[n] = gelu_tanh_mul(g[n], u[n])
-        else:
-            for n in range(I):
-                g[n] = silu_mul(g[n], u[n])
+        gated_row(gate[t], up[t], gelu)
 
 

@@ -400,11 +400,12 @@ def _block_step(offset, parts_of):
     return step
 
 
-def _q4_parts(b, bp):
-    """Q4_0_R16's four words as eight nibble vectors: weights 4o.. (low) and 16 + 4o.. (high)."""
+def _q4_parts(b, bp, words_at=32):
+    """Q4_0_R16's four words (from words_at) as eight nibble vectors: weights 4o.. (low) and
+    16 + 4o.. (high)."""
     parts = []
     for o in range(4):
-        low, high = _nibbles(b, _word64(b, bp, 32 + 64 * o))
+        low, high = _nibbles(b, _word64(b, bp, words_at + 64 * o))
         parts += [(low, 4 * o), (high, 16 + 4 * o)]
     return parts
 
@@ -465,15 +466,14 @@ def q5_r16_row_get(w, n, out):
 
 def _q5_parts(b, bp):
     """Q5_0_R16's words as eight level vectors (0..31): each nibble vector of _q4_parts with its
-    fifth bits shifted to bit 4."""
+    fifth bits (bit o for word o's low nibbles, 4 + o for its high ones) shifted to bit 4."""
     fifth = _word64(b, bp, 32)
     bytes_of = lambda v: ir.Constant(BYTES64, [v] * 64)
     parts = []
-    for o in range(4):
-        low, high = _nibbles(b, _word64(b, bp, Q5_0_NIBBLES_AT + 64 * o))
-        low_fifth = b.and_(b.shl(fifth, bytes_of(4 - o)), bytes_of(16))
-        high_fifth = b.and_(b.lshr(fifth, bytes_of(o)), bytes_of(16))
-        parts += [(b.or_(low, low_fifth), 4 * o), (b.or_(high, high_fifth), 16 + 4 * o)]
+    for i, (nibbles, first) in enumerate(_q4_parts(b, bp, Q5_0_NIBBLES_AT)):
+        o = i // 2
+        to_bit4 = b.shl(fifth, bytes_of(4 - o)) if i % 2 == 0 else b.lshr(fifth, bytes_of(o))
+        parts.append((b.or_(nibbles, b.and_(to_bit4, bytes_of(16))), first))
     return parts
 
 

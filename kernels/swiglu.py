@@ -24,20 +24,26 @@ def gelu_tanh_mul(g, u):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def gated_act(g, u, gelu):
-    """The MLP's gate: silu(g) * u, or with `gelu` GELU-tanh(g) * u (Gemma)."""
+def gated_row(g, u, gelu):
+    """The MLP's gate over one row, in place: g = silu(g) * u, or with `gelu` GELU-tanh(g) * u
+    (Gemma). The choice is made once, outside the loop: inside, it kept the loop scalar (81 ms of
+    a 512-token bfloat16 prefill of the default model, 6 ms vectorised). In place, not into a
+    third array that may alias g: an output that might overlap failed the loop's run-time overlap
+    check and ran scalar too."""
     if gelu:
-        return gelu_tanh_mul(g, u)
-    return silu_mul(g, u)
+        for i in range(g.shape[0]):
+            g[i] = gelu_tanh_mul(g[i], u[i])
+    else:
+        for i in range(g.shape[0]):
+            g[i] = silu_mul(g[i], u[i])
 
 
 @kernel(fastmath=EXACT_MATH)
 def gated(out, gate, up, gelu):
     """out = act(gate) * up, act SiLU or (gelu) GELU-tanh.  All (T, I); out may alias gate."""
-    T, I = gate.shape
-    for t in prange(T):
-        for i in range(I):
-            out[t, i] = gated_act(gate[t, i], up[t, i], gelu)
+    for t in prange(gate.shape[0]):
+        out[t] = gate[t]
+        gated_row(out[t], up[t], gelu)
 
 
 @kernel(fastmath=EXACT_MATH)
