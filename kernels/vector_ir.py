@@ -256,8 +256,10 @@ float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dp
     stop = builder.add(full, I64(chunk * (accs - 1)))
     total = None
     for a in range(accs):
-        # a later pass's loop does not hold the earlier passes' sums in registers (_park)
-        parked = None if total is None else _park(builder, total)
+        # a later pass's loop does not hold the earlier passes' sums in registers (_park); but
+        # for tiles streaming rows from memory, which wait on it and where LLVM kept the sums
+        # out of the loop (an 8-row bfloat16 step on a 56 MB matrix ~5% slower parked)
+        parked = None if total is None or prefetch_ahead is not None else _park(builder, total)
         sums = loop(builder, I64(a * chunk), stop, chunk * accs, [zero] * (R * len(cols)), body)
         if parked is not None:
             total = _unpark(builder, parked)
