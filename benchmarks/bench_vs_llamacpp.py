@@ -70,6 +70,7 @@ import ctypes, json, sys, time
 import numpy as np
 import llama_cpp as L
 path, P, G, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+kv = sys.argv[6] if len(sys.argv) > 6 else None  # the KV cache's type (-ctk/-ctv): f32, f16, q8_0
 L.llama_backend_init()
 mp = L.llama_model_default_params()
 t0 = time.perf_counter()
@@ -77,6 +78,9 @@ model = L.llama_load_model_from_file(path.encode(), mp)
 cp = L.llama_context_default_params()
 cp.n_ctx = n_ctx; cp.n_batch = 512; cp.n_ubatch = 512
 cp.n_threads = threads; cp.n_threads_batch = threads
+if kv:
+    cp.type_k = cp.type_v = getattr(L, "GGML_TYPE_" + kv.upper())
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantized V cache needs it
 ctx = L.llama_init_from_model(model, cp)
 load_s = time.perf_counter() - t0
 V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
@@ -100,7 +104,9 @@ t0 = time.perf_counter()
 for _ in range(G):
     token = int(np.argmax(decode([token])))
 dec = time.perf_counter() - t0
-print(json.dumps({"prefill_tok_s": P / ttft, "decode_tok_s": G / dec if G else None, "ttft_s": ttft, "load_s": load_s}))
+import resource
+print(json.dumps({"prefill_tok_s": P / ttft, "decode_tok_s": G / dec if G else None, "ttft_s": ttft, "load_s": load_s,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 WORKER_HF = r"""

@@ -33,11 +33,15 @@ import numpy as np
 import llama_cpp as L
 from minillm.compare import window_nll, windows
 path, ids_file, ctx, stride = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kv = sys.argv[5] if len(sys.argv) > 5 else None  # the KV cache's type (-ctk/-ctv): f32, f16, q8_0
 ids = json.load(open(ids_file))
 L.llama_backend_init()
 model = L.llama_load_model_from_file(path.encode(), L.llama_model_default_params())
 cp = L.llama_context_default_params()
 cp.n_ctx = ctx; cp.n_batch = ctx; cp.n_ubatch = ctx; cp.n_threads = 2; cp.n_threads_batch = 2
+if kv:
+    cp.type_k = cp.type_v = getattr(L, "GGML_TYPE_" + kv.upper())
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantized V cache needs it
 lctx = L.llama_init_from_model(model, cp)
 V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 mem = L.llama_get_memory(lctx)
@@ -73,8 +77,9 @@ def minillm_run(model, ids, ctx, stride):
     return float(np.exp(total / count)), np.concatenate(all_logits)
 
 
-def llama_perplexity(path: Path, ids_file: Path, ctx: int, stride: int) -> float:
-    out = subprocess.run([sys.executable, "-c", WORKER_LLAMA, str(path), str(ids_file), str(ctx), str(stride)],
+def llama_perplexity(path: Path, ids_file: Path, ctx: int, stride: int, kv: str | None = None) -> float:
+    """llama.cpp's perplexity on the same token ids and windows; kv: its KV cache type (default its own, f16)."""
+    out = subprocess.run([sys.executable, "-c", WORKER_LLAMA, str(path), str(ids_file), str(ctx), str(stride), *([kv] if kv else [])],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["perplexity"]
 

@@ -16,18 +16,20 @@ from .float_sums import (
     weighted_rows_3,
 )
 from .jit import EXACT_MATH, kernel
+from .kv_rows import head_dim_of, kv_at, kv_store
 from .vector_math import divide, exp_f32, tanh_f32
 
 
 @kernel(parallel=False, refcounts=False)
 def kv_write(k_cache, v_cache, k, v, pos0):
-    """Store T new keys/values at positions pos0.. .  caches: (nkv, ctx, hd); k, v: (T, nkv * hd)."""
-    nkv, _, hd = k_cache.shape
+    """Store T new keys/values at positions pos0.. in the caches' KV format (kernels.kv_rows).
+    caches: (nkv, ctx, stored row); k, v: (T, nkv * hd) float32."""
+    nkv = k_cache.shape[0]
+    hd = head_dim_of(k_cache[0])
     for t in range(k.shape[0]):
         for h in range(nkv):
-            for d in range(hd):
-                k_cache[h, pos0 + t, d] = k[t, h * hd + d]
-                v_cache[h, pos0 + t, d] = v[t, h * hd + d]
+            kv_store(k_cache[h, pos0 + t], k[t, h * hd : (h + 1) * hd])
+            kv_store(v_cache[h, pos0 + t], v[t, h * hd : (h + 1) * hd])
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
@@ -36,34 +38,35 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
     by side; per head, softmax(cap(keys[:n] q * scale)) values[:n], cap(z) = softcap * tanh(z /
     softcap) when softcap > 0 (Gemma 2), z otherwise.
 
-    keys, values: (>= n_keys, hd) of the KV head, from the first key the queries see; s (R, >=
-    n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
+    keys, values: (>= n_keys, stored row) of the KV head in its KV format (kernels.kv_rows), from
+    the first key the queries see; s (R, >= n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
     head's output is the same, bit for bit, whatever R is, and each key and value row is read
     once for all R heads. A head at a time, the first read them from memory and the others from
     L2 while memory waited: attention alone on the default model's cache after 4000 tokens, 2
     threads, 9.9 -> 8.1 ms a step.
     """
     R = s.shape[0]
-    hd = keys.shape[1]
+    hd = q.shape[0] // R
+    stride = keys.shape[1]
     j = 0
     while j + LANES <= n_keys:  # 16 keys, then every head's scores for them (the keys in L1)
         for r in range(R):
-            dot_rows16(s[r], j, q, r * hd, keys, j * hd, hd, hd)
+            dot_rows16(s[r], j, q, r * hd, keys, j * stride, stride, hd)
         j += LANES
     for r in range(R):
         for jj in range(j, n_keys):
-            s[r, jj] = dot_chunks(q, r * hd, keys, jj * hd, hd)
+            s[r, jj] = dot_chunks(q, r * hd, keys, jj * stride, hd)
         _probabilities(s[r], q[r * hd : (r + 1) * hd], keys, n_keys, scale, softcap)
     p_stride = s.strides[0] // s.itemsize
     r = 0
     while r < R:  # VALUE_HEADS heads per pass over the values
         left = R - r
         if left >= 3:
-            weighted_rows_3(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+            weighted_rows_3(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, stride, hd)
         elif left == 2:
-            weighted_rows_2(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+            weighted_rows_2(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, stride, hd)
         else:
-            weighted_rows_1(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, hd)
+            weighted_rows_1(out, r * hd, hd, s, r * p_stride, p_stride, values, 0, n_keys, stride, hd)
         r += min(left, VALUE_HEADS)
     for r in range(R):
         _tail_columns(out[r * hd : (r + 1) * hd], s[r], values, n_keys)
@@ -74,7 +77,7 @@ def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
     """The rest of one head's attend once s[:n_keys] holds the scores' full-chunk sums: the
     probabilities (_probabilities), then the weighted values."""
     _probabilities(s, q, keys, n_keys, scale, softcap)
-    weighted_rows_1(out, 0, 0, s, 0, 0, values, 0, n_keys, q.shape[0])  # values: (ctx, hd) contiguous
+    weighted_rows_1(out, 0, 0, s, 0, 0, values, 0, n_keys, values.shape[1], q.shape[0])  # values: (ctx, row) contiguous
     _tail_columns(out, s, values, n_keys)
 
 
@@ -88,7 +91,7 @@ def _probabilities(s, q, keys, n_keys, scale, softcap):
     if full < hd:
         for j in range(n_keys):
             for d in range(full, hd):
-                s[j] += q[d] * keys[j, d]
+                s[j] += q[d] * kv_at(keys, j * keys.shape[1], d)
     scale32, cap32 = np.float32(scale), np.float32(softcap)  # float32 products, as torch's
     for j in range(n_keys):
         s[j] = s[j] * scale32
@@ -114,10 +117,10 @@ def _tail_columns(out, p, values, n_keys):
         even = np.float32(0.0)
         odd = np.float32(0.0)
         for j in range(0, n_keys - 1, 2):
-            even += p[j] * values[j, d]
-            odd += p[j + 1] * values[j + 1, d]
+            even += p[j] * kv_at(values, j * values.shape[1], d)
+            odd += p[j + 1] * kv_at(values, (j + 1) * values.shape[1], d)
         if n_keys % 2 == 1:
-            even += p[n_keys - 1] * values[n_keys - 1, d]
+            even += p[n_keys - 1] * kv_at(values, (n_keys - 1) * values.shape[1], d)
         out[d] = even + odd
 
 
@@ -131,18 +134,19 @@ def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, 
     attention task. Their scores come from 4 x 4 register tiles, so each key is loaded once for
     four queries; scores rows row0.. are this task's scratch. Every score, and so every output,
     equals what attend gives one query alone (the decode path), bit for bit."""
-    hd = keys.shape[1]
+    hd = head_dim_of(keys)
+    row = keys.shape[1]
     ctx = scores.shape[1]
     stride = q.shape[1]
     lo = h * hd
     j = first_key(pos0, window) // 4 * 4  # scores before a query's first key go unused
     if nq == QUERIES_PER_TASK:
         while j + 4 <= pos0 + QUERIES_PER_TASK:
-            dot_4x4_into(scores, row0 * ctx + j, ctx, q, r0 * stride + lo, stride, keys, j * hd, hd, hd)
+            dot_4x4_into(scores, row0 * ctx + j, ctx, q, r0 * stride + lo, stride, keys, j * row, row, hd)
             j += 4
     for i in range(nq):
         for jj in range(j, pos0 + i + 1):
-            scores[row0 + i, jj] = dot_chunks(q, (r0 + i) * stride + lo, keys, jj * hd, hd)
+            scores[row0 + i, jj] = dot_chunks(q, (r0 + i) * stride + lo, keys, jj * row, hd)
     for i in range(nq):
         j0 = first_key(pos0 + i, window)
         _softmax_values(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], q[r0 + i, lo : lo + hd], keys[j0:], values[j0:],
@@ -159,7 +163,8 @@ def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
     KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
     rows per thread.
     """
-    nkv, ctx, hd = k_cache.shape
+    nkv = k_cache.shape[0]
+    hd = head_dim_of(k_cache[0])
     T = q.shape[0]
     nh = q.shape[1] // hd
     n_rep = nh // nkv

@@ -10,6 +10,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit import EXACT_MATH
+from .kv_rows import element_type, load_kv_chunk
 from .vector_ir import (
     F32,
     I32,
@@ -36,10 +37,11 @@ def dot_chunks(typingctx, a, a_off, b, b_off, n):
 
     def codegen(context, builder, signature, args):
         pa = data_ptr(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), F32)
-        pb = data_ptr(context, builder, signature.args[2], args[2], as_i64(builder, args[3], None), F32)
+        kind = signature.args[2].dtype
+        pb = data_ptr(context, builder, signature.args[2], args[2], as_i64(builder, args[3], None), element_type(kind))
         (acc,) = chunk_loop(
             builder, as_i64(builder, args[4], None), 1,
-            lambda i, accs: [fma_vec(builder, load_f32(builder, pa, i), load_f32(builder, pb, i), accs[0])],
+            lambda i, accs: [fma_vec(builder, load_f32(builder, pa, i), load_kv_chunk(builder, kind, pb, i), accs[0])],
         )
         return reduce_tree(builder, acc)
 
@@ -74,10 +76,12 @@ def dot_4x4_into(typingctx, out, o, o_stride, a, a_off, a_stride, b, b_off, b_st
         (o, o_stride, a_off, a_stride, b_off, b_stride, n) = [as_i64(builder, args[i], None) for i in (1, 2, 4, 5, 7, 8, 9)]
         po = data_ptr(context, builder, signature.args[0], args[0], o, F32)
         pa = data_ptr(context, builder, signature.args[3], args[3], a_off, F32)
-        pb = data_ptr(context, builder, signature.args[6], args[6], b_off, F32)
+        kind = signature.args[6].dtype
+        pb = data_ptr(context, builder, signature.args[6], args[6], b_off, element_type(kind))
         a_rows = [builder.gep(pa, [builder.mul(a_stride, I64(i))], source_etype=F32) for i in range(4)]
-        b_rows = [builder.gep(pb, [builder.mul(b_stride, I64(j))], source_etype=F32) for j in range(4)]
-        result = tile_4x4(builder, b_rows, a_rows, n)  # lane 4 i + j
+        b_rows = [builder.gep(pb, [builder.mul(b_stride, I64(j))], source_etype=element_type(kind)) for j in range(4)]
+        options = {} if kind == types.float32 else dict(load=lambda b, row, i: load_kv_chunk(b, kind, row, i), col_load=load_f32)
+        result = tile_4x4(builder, b_rows, a_rows, n, **options)  # lane 4 i + j
         quad = ir.VectorType(F32, 4)
         for i in range(4):
             part = builder.shuffle_vector(result, result, ir.Constant(ir.VectorType(I32, 4), [4 * i + j for j in range(4)]))
@@ -100,13 +104,14 @@ def dot_rows16(typingctx, out, o, a, a_off, b, b_off, stride, n):
     def codegen(context, builder, signature, args):
         po = data_ptr(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), F32)
         pa = data_ptr(context, builder, signature.args[2], args[2], as_i64(builder, args[3], None), F32)
-        pb = data_ptr(context, builder, signature.args[4], args[4], as_i64(builder, args[5], None), F32)
+        kind = signature.args[4].dtype
+        pb = data_ptr(context, builder, signature.args[4], args[4], as_i64(builder, args[5], None), element_type(kind))
         stride = as_i64(builder, args[6], None)
-        rows = [builder.gep(pb, [builder.mul(stride, I64(i))], source_etype=F32) for i in range(LANES)]
+        rows = [builder.gep(pb, [builder.mul(stride, I64(i))], source_etype=element_type(kind)) for i in range(LANES)]
 
         def body(i, accs):
             av = load_f32(builder, pa, i)
-            return [fma_vec(builder, av, load_f32(builder, r, i), acc) for r, acc in zip(rows, accs)]
+            return [fma_vec(builder, av, load_kv_chunk(builder, kind, r, i), acc) for r, acc in zip(rows, accs)]
 
         accs = chunk_loop(builder, as_i64(builder, args[7], None), LANES, body)
         builder.store(reduce16_vector(builder, accs), builder.bitcast(po, VEC.as_pointer()), align=4)
@@ -121,34 +126,37 @@ VALUE_HEADS = 3
 
 
 def _weighted_rows(heads: int):
-    """An intrinsic weighted_rows_<heads>(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride):
-    out[o_off + h o_stride + d] = sum over j < n of p[p_off + h p_stride + j] * v[v_off + j stride + d],
-    for h < heads and d in the full chunks of d < stride (attention's probabilities times values,
-    for query heads sharing one KV head: each value row is loaded once for all of them).
+    """An intrinsic weighted_rows_<heads>(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride, width):
+    out[o_off + h o_stride + d] = sum over j < n of p[p_off + h p_stride + j] * v[j, d], v's row j
+    starting at element v_off + j stride, for h < heads and d in the full chunks of d < width
+    (attention's probabilities times values, for query heads sharing one KV head: each value row
+    is loaded once for all of them; v in any KV format, kernels.kv_rows).
 
     Each output is two sequential sums, over even and over odd j, added at the end: independent
     FMA chains in a fixed order, the same whatever `heads` is. Rows are read whole, 64 columns
     (4 chunks) at a time."""
 
-    def typer(typingctx, out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride):
-        sig = types.void(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride)
+    def typer(typingctx, out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride, width):
+        sig = types.void(out, o_off, o_stride, p, p_off, p_stride, v, v_off, n, stride, width)
 
         def codegen(context, builder, signature, args):
-            o_off, o_stride, p_off, p_stride, v_off, n, stride = [as_i64(builder, args[i], None) for i in (1, 2, 4, 5, 7, 8, 9)]
+            o_off, o_stride, p_off, p_stride, v_off, n, stride, width = [as_i64(builder, args[i], None) for i in (1, 2, 4, 5, 7, 8, 9, 10)]
             po = data_ptr(context, builder, signature.args[0], args[0], o_off, F32)
             pp = data_ptr(context, builder, signature.args[3], args[3], p_off, F32)
-            pv = data_ptr(context, builder, signature.args[6], args[6], v_off, F32)
+            kind = signature.args[6].dtype
+            pv = data_ptr(context, builder, signature.args[6], args[6], v_off, element_type(kind))
             outs = [builder.gep(po, [builder.mul(o_stride, I64(h))], source_etype=F32) for h in range(heads)]
             probs = [builder.gep(pp, [builder.mul(p_stride, I64(h))], source_etype=F32) for h in range(heads)]
             zero = ir.Constant(VEC, [0.0] * LANES)
-            full = builder.and_(stride, I64(-LANES))
+            full = builder.and_(width, I64(-LANES))
             group = 4 * LANES
 
             def prob(h, j):
                 return splat(builder, builder.load(builder.gep(probs[h], [j], source_etype=F32), typ=F32, align=4))
 
             def row(j, cols):
-                return [load_f32(builder, pv, builder.add(builder.mul(j, stride), c)) for c in cols]
+                row_start = builder.gep(pv, [builder.mul(j, stride)], source_etype=element_type(kind))
+                return [load_kv_chunk(builder, kind, row_start, c) for c in cols]
 
             def columns(c0, width):
                 """Outputs c0 .. c0 + 16 * width of every head: accumulators (even, odd) per chunk."""

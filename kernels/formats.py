@@ -110,6 +110,38 @@ def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:
     return fmt
 
 
+
+# ---------------------------------------------------------------- KV cache formats
+#
+# How keys and values are kept (`--kv-dtype`): each KV head's row of hd values at each position is
+# stored in the format and widened to float32 in registers as attention reads it (kernels.kv_rows),
+# so attention's sums are float32 over exactly the stored values, in the same order in every path.
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str  # as `--kv-dtype` spells it
+    element: type  # dtype of the stored rows; a distinct one per format, so the kernels specialise on it
+    block: int  # values per block (a row is whole blocks)
+    block_bytes: int
+    summary: str
+
+    def row_length(self, hd: int) -> int:
+        """Elements of `element` per stored row of hd values."""
+        return hd // self.block * self.block_bytes // np.dtype(self.element).itemsize
+
+    def row_bytes(self, hd: int) -> int:
+        return hd // self.block * self.block_bytes
+
+
+KV_FORMATS = {
+    "float32": KVFormat("float32", np.float32, 1, 4, "exact: transformers' attention"),
+    "float16": KVFormat("float16", np.int16, 1, 2, "float16 bits (int16), nearest-even: half the memory"),
+    "bfloat16": KVFormat("bfloat16", np.uint16, 1, 2, "bfloat16 bits (uint16), nearest-even: half the memory, float32's range"),
+    "q8_0": KVFormat("q8_0", np.uint8, 32, 34, "llama.cpp's Q8_0 blocks: 32 int8 and a float16 scale, 0.27 of float32"),
+}
+KV_DTYPE_CHOICES = tuple(KV_FORMATS)
+
 # ---------------------------------------------------------------- each format's compiled kernels
 
 # One C signature per kind of kernel, whatever the format:

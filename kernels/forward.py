@@ -38,6 +38,7 @@ from .activation_operands import call_prepare
 from .attention import QUERIES_PER_TASK, attend, attend_queries, first_key
 from .formats import Operand
 from .jit import EXACT_MATH, array_at, call_at, kernel, native_address, rows_view
+from .kv_rows import kv_store
 from .matmul import ROWS_PER_TASK, call_linear, call_row
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
@@ -133,7 +134,9 @@ class Workspace(NamedTuple):
 
 # Their Numba types, fixed whatever the model (a format changes addresses, not types): the forward
 # pass and its steps compile once per machine. minillm's Model checks its values against them.
-_F1, _F2, _F3, _P5 = (types.Array(types.float32, n, "C") for n in (1, 2, 3, 5))
+_F1, _F2, _F3 = (types.Array(types.float32, n, "C") for n in (1, 2, 3))
+_P5 = types.Array(types.uint8, 5, "C")  # a KV pool as bytes, whatever its KV format: the steps that
+# read or write it (KV_STEPS) view it as their format's rows
 _I1, _I2 = (types.Array(types.int64, n, "C") for n in (1, 2))
 ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
@@ -170,8 +173,9 @@ def _state_at(typingctx, address):
 @kernel(parallel=False, fastmath=EXACT_MATH)
 def forward(rows, w, ws, k_pool, v_pool, cos, sin):
     """Every layer for the rows of `rows` (Rows), with weights w (ModelWeights) and buffers ws
-    (Workspace), into rows.logits. k_pool, v_pool: (slots, L, nkv, ctx, hd); each row's key and
-    value are written at its slot and position before any row attends. cos, sin: RoPE tables
+    (Workspace), into rows.logits. k_pool, v_pool: (slots, L, nkv, ctx, bytes of a stored row), the
+    bytes of the KV format the steps were compiled for (step_kernels); each row's key and value
+    are written at its slot and position before any row attends. cos, sin: RoPE tables
     (tables, ctx, hd / 2).
 
     Each step below is a compiled kernel, called by address (see STEPS): over the threads, or on
@@ -312,11 +316,17 @@ def norm_step(t, threads, state):
 
 
 def qkv_step(t, threads, state):
-    """Thread t's rows of q | k | v finished (_qkv_span) and their keys and values cached."""
+    """Thread t's rows of q | k | v finished (_qkv_span) and their keys and values cached, float32 KV."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), cos, sin)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin):
+    """qkv_step with the pools as their KV format's rows."""
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     _qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
-              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], k_pool.shape[4])
+              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], ws.att.shape[1] // w.heads)
 
 
 def residual_step(t, threads, state):
@@ -341,12 +351,19 @@ def attention_step(t, threads, state):
     """att = causal softmax attention of each row's queries over its slot's cache, layer l: thread
     t's share of the tasks of _attention_tasks. Query head h reads KV head h // n_rep (GQA without
     copying KV heads); a query at position p sees positions 0..p, or with a sliding window the
-    last `window` of them. Every output equals what attend gives one query alone, bit for bit."""
+    last `window` of them. Every output equals what attend gives one query alone, bit for bit.
+    float32 KV; KV_STEPS has the other formats'."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32))
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _attention_share(t, rows, w, ws, k_pool, v_pool):
+    """attention_step with the pools as their KV format's rows (kernels.kv_rows)."""
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     att, qkv, positions, slots, tasks, scores, claims = ws.att[:T], ws.qkv[:T], rows.positions, rows.slots, ws.tasks, ws.scores, ws.claims[0:2]
     window, scale, softcap = w.window[l], w.attn_scale, w.attn_softcap
-    hd = k_pool.shape[4]
+    hd = ws.att.shape[1] // w.heads
     n_rep = w.heads // k_pool.shape[2]
     row0 = t * (scores.shape[0] // claims.shape[1])  # this thread's score rows
     task = claim(claims, t, claims.shape[1])
@@ -381,18 +398,69 @@ def parallel_region(step, threads, state):
 STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step)
 LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE = (_n(i) for i in range(len(STEPS)))
 PARALLEL_REGION = len(STEPS)
+
+
+# The steps that read or write the KV pools, per KV format (kernels.formats.KV_FORMATS): each views
+# the pools' bytes as its format's rows, so only the format a model uses is compiled.
+
+
+def attention_step_float16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16))
+
+
+def qkv_step_float16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), cos, sin)
+
+
+def attention_step_bfloat16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16))
+
+
+def qkv_step_bfloat16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), cos, sin)
+
+
+def attention_step_q8_0(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool, v_pool)  # Q8_0 blocks are bytes already
+
+
+def qkv_step_q8_0(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin)
+
+
+KV_STEPS = {  # KV format -> its (attention, qkv) steps
+    "float32": (attention_step, qkv_step),
+    "float16": (attention_step_float16, qkv_step_float16),
+    "bfloat16": (attention_step_bfloat16, qkv_step_bfloat16),
+    "q8_0": (attention_step_q8_0, qkv_step_q8_0),
+}
 _compiled: dict = {}
+_STEP_SIGNATURE = types.void(types.int64, types.int64, types.int64)
+_STEP_OPTIONS = dict(cache=True, fastmath=EXACT_MATH, nogil=True, _nrt=False)
 
 
-def step_kernels() -> np.ndarray:
-    """The addresses of the steps' kernels, then of the parallel region (compiled the first time on
-    a machine, then loaded from Numba's cache)."""
-    if not _compiled:
-        sig = types.void(types.int64, types.int64, types.int64)
-        options = dict(cache=True, fastmath=EXACT_MATH, nogil=True, _nrt=False)
-        kernels = [njit(sig, **options)(step) for step in STEPS] + [njit(sig, parallel=True, cache=True, nogil=True)(parallel_region)]
-        _compiled["steps"] = (kernels, np.array([native_address(k, sig) for k in kernels], np.int64))
-    return _compiled["steps"][1]
+def _compile_step(step):
+    if step not in _compiled:
+        if step is parallel_region:
+            kernel = njit(_STEP_SIGNATURE, parallel=True, cache=True, nogil=True)(step)
+        else:
+            kernel = njit(_STEP_SIGNATURE, **_STEP_OPTIONS)(step)
+        _compiled[step] = (kernel, native_address(kernel, _STEP_SIGNATURE))
+    return _compiled[step][1]
+
+
+def step_kernels(kv_format: str = "float32") -> np.ndarray:
+    """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
+    the first time on a machine, then loaded from Numba's cache)."""
+    attention, qkv = KV_STEPS[kv_format]
+    steps = [attention if step is attention_step else qkv if step is qkv_step else step for step in STEPS]
+    return np.array([_compile_step(step) for step in (*steps, parallel_region)], np.int64)
 
 
 # ---------------------------------------------------------------- attention tasks and row spans
@@ -460,7 +528,8 @@ def _norm_span(r0, r1, out, x, norm, l, eps):
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
     """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
-    position (table -1: none); then its key and value into its slot of layer l's cache."""
+    position (table -1: none); then its key and value into its slot of layer l's cache, in the
+    pools' KV format."""
     nkv = k_pool.shape[2]
     kv_dim = nkv * hd
     for t in range(r0, r1):
@@ -477,9 +546,8 @@ def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positi
             rope_row(q, cos[table], sin[table], pos, hd)
             rope_row(k, cos[table], sin[table], pos, hd)
         for h in range(nkv):
-            for d in range(hd):
-                k_pool[slots[t], l, h, pos, d] = k[h * hd + d]
-                v_pool[slots[t], l, h, pos, d] = v[h * hd + d]
+            kv_store(k_pool[slots[t], l, h, pos], k[h * hd : (h + 1) * hd])
+            kv_store(v_pool[slots[t], l, h, pos], v[h * hd : (h + 1) * hd])
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)

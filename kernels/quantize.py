@@ -268,20 +268,26 @@ def quantize_q8_0(q, w):
     N, K = w.shape
     for n in prange(N):
         for blk in range(K // QBLOCK):
-            k0, o = blk * QBLOCK, blk * Q8_0_BYTES
-            amax = np.float32(0.0)
-            for k in range(k0, k0 + QBLOCK):
-                amax = max(amax, abs(w[n, k]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-            bits = f16_bits(d)
-            q[n, o], q[n, o + 1] = np.uint8(bits & 0xFF), np.uint8(bits >> 8)
-            for j in range(QBLOCK):
-                x = w[n, k0 + j] * inv
-                a = abs(x)
-                whole = np.floor(a)
-                level = whole + np.floor(np.float32(2.0) * (a - whole))  # half away from zero
-                q[n, o + 2 + j] = np.uint8(np.int8(-level if x < 0 else level) & 0xFF)
+            quantize_q8_0_block(q[n], blk * Q8_0_BYTES, w[n], blk * QBLOCK)
+
+
+@njit(cache=True, _nrt=False)
+def quantize_q8_0_block(q, o, x, k0):
+    """x[k0:k0 + 32] as one Q8_0 block at q[o:o + 34] (quantize_q8_0's rule); also the KV cache's
+    q8_0 rows (kernels.kv_rows)."""
+    amax = np.float32(0.0)
+    for k in range(k0, k0 + QBLOCK):
+        amax = max(amax, abs(x[k]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+    bits = f16_bits(d)
+    q[o], q[o + 1] = np.uint8(bits & 0xFF), np.uint8(bits >> 8)
+    for j in range(QBLOCK):
+        v = x[k0 + j] * inv
+        a = abs(v)
+        whole = np.floor(a)
+        level = whole + np.floor(np.float32(2.0) * (a - whole))  # half away from zero
+        q[o + 2 + j] = np.uint8(np.int8(-level if v < 0 else level) & 0xFF)
 
 
 @kernel()

@@ -73,7 +73,8 @@ class LLM:
 
             model_dir = default_model_dir(progress=progress)
         self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
-        self.model = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads)
+        self.model = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads,
+                                kv_dtype=options.kv_dtype)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config)
@@ -202,6 +203,9 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     threads: the most threads a step uses (default: every CPU); fewer are used while more would
     wait on a busy machine (minillm.core.threads).
+    kv_dtype: how the KV cache (and the prefix cache) keeps keys and values: "float32" (default;
+    exact), "float16" or "bfloat16" (half the memory), "q8_0" (34 bytes per 32 values, as
+    llama.cpp's -ctk/-ctv q8_0). Attention widens them to float32 as it reads, with the same sums.
     """
     try:
         options = (options or DEFAULTS).replace(**settings)
@@ -252,7 +256,7 @@ def load_draft(model: Model, source: Path, options: Options) -> Model:
     q4_0 for a GGUF), with the model's context."""
     source = Path(options.draft_model) if options.draft_model else Path(source)
     dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
-    draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads)
+    draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads, kv_dtype=options.kv_dtype)
     if draft.config.vocab_size != model.config.vocab_size:
         raise UsageError(f"--draft-model {source}: its vocabulary has {draft.config.vocab_size} tokens, the model's "
                          f"{model.config.vocab_size}; a draft must share the model's tokenizer")

@@ -29,6 +29,7 @@ def run(
     seed: int = 0,
     speculation: Options | None = None,
     prompt: list[int] | None = None,
+    kv_dtype: str = "float32",
 ) -> dict:
     """Load, warm up, then time a prefill of `prompt_tokens` and `gen_tokens` greedy decode steps
     (of `prompt` when given: a text whose output repeats it shows what speculation gains). With
@@ -36,7 +37,7 @@ def run(
     greedy generation through the engine with and without it: tokens/s from the first token on,
     and the tokens proposed and accepted."""
     t0 = time.perf_counter()
-    model = Model.load(model_dir, ctx=ctx, dtype=dtype)
+    model = Model.load(model_dir, ctx=ctx, dtype=dtype, kv_dtype=kv_dtype)
     load_s = time.perf_counter() - t0
     V = model.config.vocab_size
     if prompt is None:
@@ -67,6 +68,9 @@ def run(
     return {
         "model": str(model_dir),
         "dtype": model.dtype,
+        "kv_dtype": model.kv_dtype,
+        "kv_bytes_per_token": model.kv_bytes_per_token,  # keys and values, every layer
+        "ctx": model.ctx,
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
         "prefill_tok_s": prompt_tokens / ttft_s,

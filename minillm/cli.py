@@ -35,7 +35,7 @@ def _fail(message: str) -> int:
 
 def _model_flags(p) -> None:
     """Every command that loads a model: which, at what precision and context, on how many threads."""
-    from minillm.kernels.formats import DTYPE_CHOICES
+    from minillm.kernels.formats import DTYPE_CHOICES, KV_DTYPE_CHOICES
     from minillm.options import Options
 
     p.add_argument("--model", metavar="PATH", help=Options.help("model"))
@@ -49,6 +49,7 @@ def _model_flags(p) -> None:
     )
     p.add_argument("--check-weights", action="store_true", help=Options.help("check_weights"))
     p.add_argument("--threads", type=int, metavar="N", help=Options.help("threads"))
+    p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=Options.help("kv_dtype"))
 
 
 def _speculative_flags(p) -> None:
@@ -129,13 +130,14 @@ def _analysis_commands(sub) -> None:
 
 def _setup_commands(sub) -> None:
     """warmup and import."""
-    from minillm.kernels.formats import DTYPE_CHOICES
+    from minillm.kernels.formats import DTYPE_CHOICES, KV_DTYPE_CHOICES
 
     wu = sub.add_parser("warmup", help="compile the kernels for this CPU ahead of time (images, replicas), then exit")
     what = wu.add_mutually_exclusive_group()
     what.add_argument("--model", metavar="PATH", help="what this model needs (default: the bundled model at float32)")
     what.add_argument("--dtype", choices=[d for d in DTYPE_CHOICES if d != "gguf"], help="what a checkpoint loaded at this precision needs")
     what.add_argument("--formats", nargs="+", metavar="F", help="these weight formats (a GGUF's: Q4_0, Q4_K, Q6_K, Q8_0, ..)")
+    wu.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default="float32", help="and the forward pass for this KV cache format")
 
     im = sub.add_parser("import", help="import a Llama-architecture GGUF file as an HF-format directory")
     im.add_argument("gguf", metavar="FILE.gguf")
@@ -269,7 +271,8 @@ def cmd_bench(args) -> int:
         from minillm.core.tokenizer import Tokenizer
 
         prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
-    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt)
+    result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt,
+                 kv_dtype=args.kv_dtype or "float32")
     if args.json:
         print(json.dumps(result))
         return 0
@@ -281,6 +284,7 @@ def cmd_bench(args) -> int:
         print(f"speculative  {result['spec_decode_tok_s']:.1f} tok/s through the engine, against {result['engine_decode_tok_s']:.1f} without "
               f"({result['spec_speedup']:.2f}x; {result['spec_accepted_tokens']} of {result['spec_draft_tokens']} proposed tokens accepted)")
     print(f"first token  {result['ttft_s'] * 1000:.1f} ms")
+    print(f"KV cache     {result['kv_dtype']}, {result['kv_bytes_per_token'] / 1024:.1f} KiB per token of context ({result['ctx']} positions)")
     print(f"load         {result['load_s']:.2f} s (+ {result['warmup_s']:.2f} s kernel warm-up)")
     print(f"peak RSS     {result['peak_rss_mb']:.0f} MiB")
     return 0
@@ -466,11 +470,11 @@ def cmd_warmup(args) -> int:
         import minillm
 
         start = time.perf_counter()
-        minillm.load(args.model)
+        minillm.load(args.model, kv_dtype=args.kv_dtype)
         print(f"kernels for {args.model} ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         return 0
     formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or ())
-    seconds = warm(formats)
+    seconds = warm(formats, args.kv_dtype)
     print(f"kernels for {', '.join(f.name for f in formats)} ready in {seconds:.1f} s", file=sys.stderr)
     return 0
 

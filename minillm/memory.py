@@ -52,18 +52,19 @@ def aligned_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return out
 
 
-def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """float32 zeros whose pages are only materialised when first written.
+def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """Zeros (float32 by default) whose pages are only materialised when first written.
 
     Not np.zeros: NumPy advises huge pages for large arrays, so the first write at each
     position of each (layer, head) slab would zero a whole 2 MiB page, hundreds of milliseconds
     on a fresh cache. An anonymous map touches 4 KiB pages, only for positions in use.
     """
-    n = 4
+    dtype = np.dtype(dtype)
+    n = dtype.itemsize
     for d in shape:
         n *= d
     if hasattr(mmap, "MAP_PRIVATE"):  # private, so release_pages' MADV_DONTNEED frees the pages
         buf = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     else:
         buf = mmap.mmap(-1, max(n, 1))
-    return np.frombuffer(buf, dtype=np.float32, count=n // 4).reshape(shape)
+    return np.frombuffer(buf, dtype=dtype, count=n // dtype.itemsize).reshape(shape)

@@ -25,6 +25,8 @@ class Options:
     dtype: str | None = field(default=None, metadata={"help": "weight precision (kernels.formats.DTYPE_CHOICES)"})
     check_weights: bool = field(default=False, metadata={"help": "reject weights containing NaN or Inf"})
     threads: int | None = field(default=None, metadata={"help": "the most threads a step uses (default: every CPU; with replicas, 1 per replica)"})
+    kv_dtype: str = field(default="float32", metadata={"help": "how the KV cache keeps keys and values: float32 (exact, the default), "
+                          "float16 or bfloat16 (half the memory), q8_0 (0.27 of it; llama.cpp's -ctk/-ctv q8_0)"})
     # the engine
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})

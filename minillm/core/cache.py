@@ -4,22 +4,45 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GenerationError
+from ..errors import ConfigError, GenerationError, UsageError
+from ..kernels.formats import KV_FORMATS, KVFormat
 from ..loading.config import ModelConfig
 from ..memory import lazy_zeros, release_pages
 
 
+def kv_format(name: str, cfg: ModelConfig) -> KVFormat:
+    """The KV format `name` (kernels.formats.KV_FORMATS), checked against the model's head size."""
+    if name not in KV_FORMATS:
+        raise UsageError(f"kv-dtype {name!r} is not one of {', '.join(KV_FORMATS)}")
+    fmt = KV_FORMATS[name]
+    if cfg.head_dim % fmt.block:
+        raise ConfigError(f"config.json: head_dim {cfg.head_dim} is not a multiple of {fmt.block}, which kv-dtype {name} needs")
+    return fmt
+
+
+def kv_shape(cfg: ModelConfig, ctx: int, fmt: KVFormat) -> tuple[int, int, int, int]:
+    """(layers, nkv, ctx, stored row) of one sequence's keys (or values) in format fmt."""
+    return (cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, fmt.row_length(cfg.head_dim))
+
+
+def kv_bytes_per_token(cfg: ModelConfig, fmt: KVFormat) -> int:
+    """Bytes the cache holds per token of context: keys and values, every layer and KV head."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * fmt.row_bytes(cfg.head_dim)
+
+
 class KVCache:
-    """Keys and values of one sequence, (layers, nkv, ctx, hd) each.
+    """Keys and values of one sequence, (layers, nkv, ctx, stored row) each, in a KV format
+    (kernels.formats.KV_FORMATS: float32 rows of hd, or float16/bfloat16 bits, or Q8_0 blocks).
 
     Laid out so one KV head's keys are contiguous by position: decode attention streams them.
     `length` is the number of positions already filled; the model advances it after a forward.
     """
 
-    def __init__(self, cfg: ModelConfig, ctx: int, k: np.ndarray | None = None, v: np.ndarray | None = None):
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
-        self.k = lazy_zeros(shape) if k is None else k
-        self.v = lazy_zeros(shape) if v is None else v
+    def __init__(self, cfg: ModelConfig, ctx: int, k: np.ndarray | None = None, v: np.ndarray | None = None, fmt: KVFormat | None = None):
+        self.format = fmt or KV_FORMATS["float32"]
+        shape = kv_shape(cfg, ctx, self.format)
+        self.k = lazy_zeros(shape, self.format.element) if k is None else k
+        self.v = lazy_zeros(shape, self.format.element) if v is None else v
         self.ctx = ctx
         self.length = 0
         # sliding-window layers' positions below this were given back to the OS (read as zeros)
@@ -63,21 +86,23 @@ class KVCache:
 
 
 class KVPool:
-    """Cache slots for the sequences of a batch: k, v (slots, layers, nkv, ctx, hd).
+    """Cache slots for the sequences of a batch: k, v (slots, layers, nkv, ctx, stored row).
 
     A slot's KVCache is a view, so prefill (Model.forward) and batched decode
     (Model.decode_batch) write the same memory.
     """
 
-    def __init__(self, cfg: ModelConfig, ctx: int, slots: int):
-        shape = (slots, cfg.num_hidden_layers, cfg.num_key_value_heads, ctx, cfg.head_dim)
-        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)
+    def __init__(self, cfg: ModelConfig, ctx: int, slots: int, fmt: KVFormat | None = None):
+        self.format = fmt or KV_FORMATS["float32"]
+        shape = (slots, *kv_shape(cfg, ctx, self.format))
+        self.k, self.v = lazy_zeros(shape, self.format.element), lazy_zeros(shape, self.format.element)
+        self.k_bytes, self.v_bytes = self.k.view(np.uint8), self.v.view(np.uint8)  # as the forward pass takes them
         self.cfg, self.ctx = cfg, ctx
         self.free = list(range(slots - 1, -1, -1))
 
     def acquire(self) -> tuple[int, KVCache]:
         slot = self.free.pop()
-        return slot, KVCache(self.cfg, self.ctx, self.k[slot], self.v[slot])
+        return slot, KVCache(self.cfg, self.ctx, self.k[slot], self.v[slot], self.format)
 
     def release(self, slot: int) -> None:
         self.free.append(slot)

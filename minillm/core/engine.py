@@ -247,9 +247,9 @@ class Engine:
         if (options.speculative == "draft") != (draft is not None):
             raise GenerationError("speculative decoding with a draft model needs the draft model (minillm.load loads it)")
         self.draft = draft
-        self.draft_pool = KVPool(draft.config, model.ctx, max_batch) if draft is not None else None
-        self.pool = KVPool(model.config, model.ctx, max_batch)
-        self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb)
+        self.draft_pool = KVPool(draft.config, model.ctx, max_batch, draft.kv_format) if draft is not None else None
+        self.pool = KVPool(model.config, model.ctx, max_batch, model.kv_format)
+        self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb, model.kv_format)
         self.stats = EngineStats()
         self._pending: deque[_Request] = deque()
         self._running: list[_Sequence] = []  # in admission order; prefilling ones hold no logits yet
@@ -409,7 +409,7 @@ class Engine:
                 seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram)
             elif self.draft is not None:
                 pool = self.draft_pool
-                seq.drafter = DraftState(KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot]), self.spec_tokens)
+                seq.drafter = DraftState(KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot], pool.format), self.spec_tokens)
             self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)

@@ -27,7 +27,7 @@ from ..kernels.jit import CompileNotice, DirectCall, array_key
 from ..loading.checkpoint import Weights, load_checkpoint
 from ..loading.config import ModelConfig, RopeScaling
 from ..memory import aligned_zeros
-from .cache import KVCache
+from .cache import KVCache, kv_bytes_per_token, kv_format
 from .threads import StepTimer, ThreadTuner
 
 PREFILL_CHUNK = 256
@@ -160,8 +160,11 @@ class Model:
     two Python threads at once (the workqueue threading layer aborts the process).
     """
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None, kv_dtype: str = "float32"):
         self.config = cfg
+        self.kv_format = kv_format(kv_dtype, cfg)
+        self.kv_dtype = self.kv_format.name
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg, self.kv_format)
         self.weights = weights
         self.dtype = weights.dtype
         self.formats = weights.formats
@@ -192,29 +195,32 @@ class Model:
         """The forward pass compiled (or loaded from Numba's cache) now, not at the first token:
         its steps' kernels for this state's types, then a step of one row on a cache of one
         position that nothing reads."""
-        k = np.zeros((1, self.config.num_hidden_layers, self.config.num_key_value_heads, 1, self.config.head_dim), np.float32)
+        k = np.zeros((1, self.config.num_hidden_layers, self.config.num_key_value_heads, 1, self.kv_format.row_bytes(self.config.head_dim)), np.uint8)
         rows = self._step_rows(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), 1)
         state = numba.typeof((rows, self._kernel_weights, self._ws, k, k, self.cos, self.sin))
         assert state == K.forward_state_type, f"the forward pass's state has type {state}, not {K.forward_state_type}"
-        with CompileNotice("the forward pass", jobs=2) as notice:
-            self._kernel_weights.steps[:] = step_kernels()
+        kv = "" if self.kv_dtype == "float32" else f" ({self.kv_dtype} KV cache)"
+        with CompileNotice(f"the forward pass{kv}", jobs=2) as notice:
+            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype)
             notice.step()
             self._run(rows, k, k.copy())
             notice.step()
 
     @classmethod
     def load(
-        cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False, threads: int | None = None
+        cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False, threads: int | None = None,
+        kv_dtype: str = "float32",
     ) -> "Model":
         """From an HF checkpoint directory or a GGUF file (checkpoint.load_checkpoint); dtype None
         is float32 for a directory and the stored formats for a GGUF. threads: the most a step
-        uses (default: every CPU Numba sees)."""
+        uses (default: every CPU Numba sees). kv_dtype: how the KV cache keeps keys and values
+        (kernels.formats.KV_FORMATS)."""
         with CompileNotice("the kernels that convert weights at load", jobs=1):  # int8's quantizer, regrouping, ..
             cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
-        return cls(cfg, weights, ctx, threads)
+        return cls(cfg, weights, ctx, threads, kv_dtype)
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.ctx)
+        return KVCache(self.config, self.ctx, fmt=self.kv_format)
 
     # ------------------------------------------------------------------ entry points
 
@@ -242,7 +248,7 @@ class Model:
                 rows = self._step_rows(tokens[start : start + n], np.arange(pos0 + start, pos0 + start + n), np.zeros(n, np.int64), wanted,
                                        logits=out[start : start + n] if all_logits else None,
                                        hidden=None if hidden is None else np.empty((hidden.shape[0], n, hidden.shape[2]), np.float32))
-                self._run(rows, cache.k[None], cache.v[None])
+                self._run(rows, cache.k[None].view(np.uint8), cache.v[None].view(np.uint8))
                 if hidden is not None:
                     hidden[:, start : start + n] = rows.hidden
         cache.length = pos0 + T
@@ -272,7 +278,7 @@ class Model:
             wanted = T if logit_rows is None else len(logit_rows)
             rows = self._step_rows(np.asarray(tokens, np.int64), np.asarray(positions, np.int64), np.asarray(slots, np.int64), wanted,
                                    logit_rows=logit_rows, hidden=hidden)
-            self._run(rows, pool.k, pool.v)
+            self._run(rows, pool.k_bytes, pool.v_bytes)
             return rows.logits
 
     # ------------------------------------------------------------------ internals
@@ -289,7 +295,7 @@ class Model:
         )
 
     def _run(self, rows: "K.Rows", k: np.ndarray, v: np.ndarray) -> None:
-        """kernels.forward on this model's weights; its argument types are fixed but for the caches'."""
+        """kernels.forward on this model's weights, the caches as bytes of this model's KV format."""
         key = (array_key(k), array_key(v))
         with self._steps.step(len(rows.tokens)):  # on as many threads as pay (minillm.core.threads)
             self._call(key, rows, self._kernel_weights, self._ws, k, v, self.cos, self.sin)

@@ -1,5 +1,5 @@
 """A prefix KV cache across requests: the keys and values of token prefixes already computed,
-kept in fixed-size blocks and reused by later requests that start with the same tokens.
+kept in fixed-size blocks (in the KV cache's format) and reused by later requests that start with the same tokens.
 
 Chat clients and agents resend the whole conversation every turn; with this cache only the new
 tokens are prefilled. Blocks of BLOCK_TOKENS tokens live in one preallocated pool (layers, KV heads,
@@ -23,7 +23,8 @@ from typing import Sequence
 
 from ..loading.config import ModelConfig
 from ..memory import lazy_zeros
-from .cache import KVCache
+from ..kernels.formats import KV_FORMATS, KVFormat
+from .cache import KVCache, kv_bytes_per_token, kv_shape
 
 BLOCK_TOKENS = 32
 DEFAULT_BUDGET_FRACTION = 0.2  # of the memory available at start-up
@@ -42,20 +43,20 @@ def default_budget_mb() -> int:
 
 
 class PrefixCache:
-    def __init__(self, cfg: ModelConfig, budget_mb: float):
+    def __init__(self, cfg: ModelConfig, budget_mb: float, fmt: KVFormat | None = None):
         # a block copied after its sequence's sliding-window layers gave its positions back
         # (KVCache.released) holds zeros there: usable inside a chain, never as one of the
         # last `window` positions before a load's end
         self.window = cfg.widest_window
         self._whole: dict[int, bool] = {}  # block -> its sliding layers' positions are all there
-        per_block = cfg.num_hidden_layers * cfg.num_key_value_heads * BLOCK_TOKENS * cfg.head_dim
-        self.block_bytes = 2 * 4 * per_block  # keys and values, float32
+        fmt = fmt or KV_FORMATS["float32"]  # blocks are kept in the KV cache's format: copies, bit for bit
+        self.block_bytes = BLOCK_TOKENS * kv_bytes_per_token(cfg, fmt)
         self.capacity = max(0, int(budget_mb * 2**20) // self.block_bytes)
         if budget_mb > 0 and self.capacity == 0:
             warnings.warn(f"cache-mb {budget_mb:g} is less than one {BLOCK_TOKENS}-token block of this model "
                           f"({self.block_bytes / 2**20:.2f} MB): the prefix cache is off", stacklevel=2)
-        shape = (self.capacity, cfg.num_hidden_layers, cfg.num_key_value_heads, BLOCK_TOKENS, cfg.head_dim)
-        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)
+        shape = (self.capacity, *kv_shape(cfg, BLOCK_TOKENS, fmt))
+        self.k, self.v = lazy_zeros(shape, fmt.element), lazy_zeros(shape, fmt.element)
         self._index: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent's uid, tokens) -> block
         self._key: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> its key
         self._uid: dict[int, int] = {}  # block -> a number never reused, its children's parent id

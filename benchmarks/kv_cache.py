@@ -1,0 +1,141 @@
+"""The KV cache's formats (`--kv-dtype`): what each costs in accuracy and gains in memory and speed,
+minillm against llama.cpp at the same KV type on the same file.
+
+    python benchmarks/kv_cache.py accuracy [--files TEXT ...] [--ctx 1024] [--stride 512]
+    python benchmarks/kv_cache.py speed [--model GGUF] [--depths 1024 8192] [--rounds 5] [--kv q8_0 ...]
+
+accuracy: perplexity of the default model (its F32 GGUF, so only the cache's rounding differs)
+at each KV format in both engines, over the same token ids and HF-style sliding windows, and each
+engine's increase over its own float32 cache. llama.cpp runs with flash attention (its quantized V
+cache needs it), its cache types f32, f16 and q8_0 (-ctk/-ctv).
+
+speed: for each depth P and KV type, a prefill of P random tokens then 32 greedy decode steps,
+in each engine in turn (alternating, fresh processes), 2 threads; medians and minillm/llama.cpp
+ratios of the prefill and decode tokens/s and of peak RSS. Default model: the 1.2B shape at
+Q4_0 (bench_vs_llamacpp.random_1b).
+
+Writes benchmarks/kv_results.json (merged by mode). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_vs_llamacpp as bench  # noqa: E402
+from perplexity_vs_llamacpp import llama_perplexity, minillm_run  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "kv_results.json"
+# minillm's KV format -> llama.cpp's cache type of the same precision (bfloat16 has none there)
+LLAMA_KV = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}
+DEFAULT_TEXTS = [ROOT / "tests" / "data" / "lighthouse.txt", Path("/usr/share/common-licenses/GPL-3")]
+DECODE_STEPS = 32
+
+
+def accuracy(args) -> dict:
+    from minillm.core.model import Model
+    from minillm.core.tokenizer import Tokenizer
+    from minillm.loading.default_model import default_model_dir
+
+    bench.ensure_llama_cpp()
+    f32_dir = default_model_dir()
+    gguf = bench.to_gguf(f32_dir, "f32")
+    tokenizer = Tokenizer(f32_dir)
+    report = {"model": gguf.name, "ctx": args.ctx, "stride": args.stride, "texts": {}}
+    for text in map(Path, args.files):
+        if not text.exists():
+            print(f"{text}: missing, skipped")
+            continue
+        ids = tokenizer.encode(text.read_text(encoding="utf-8"))
+        ids_file = Path(tempfile.mkdtemp()) / "ids.json"
+        ids_file.write_text(json.dumps(ids))
+        ctx = min(args.ctx, len(ids))
+        rows = {}
+        for kv in args.kv:
+            model = Model.load(gguf, ctx=ctx, kv_dtype=kv)
+            ours, _ = minillm_run(model, ids, ctx, args.stride)
+            try:
+                theirs = llama_perplexity(gguf, ids_file, ctx, args.stride, LLAMA_KV[kv])
+            except Exception as e:  # a cache type this llama.cpp build refuses
+                print(f"llama.cpp with KV {LLAMA_KV[kv]}: {str(e)[-200:]}")
+                theirs = None
+            rows[kv] = {"minillm": ours, "llama.cpp": theirs}
+        for kv, row in rows.items():
+            row["minillm_increase"] = row["minillm"] / rows["float32"]["minillm"] - 1
+            theirs = row["llama.cpp"]
+            row["llama.cpp_increase"] = None if theirs is None else theirs / rows["float32"]["llama.cpp"] - 1
+            print(f"{text.name} ({len(ids)} tokens) KV {kv:9s} minillm {row['minillm']:.4f} ({row['minillm_increase'] * 100:+.3f}%)  "
+                  + ("llama.cpp -" if theirs is None else f"llama.cpp {theirs:.4f} ({row['llama.cpp_increase'] * 100:+.3f}%)"))
+        report["texts"][text.name] = {"tokens": len(ids), "by_kv": rows}
+    return report
+
+
+def speed(args) -> dict:
+    model = Path(args.model) if args.model else None
+    if model is None:
+        bench.ensure_llama_cpp()
+        model = bench.quantized(bench.to_gguf(bench.random_1b(), "bf16"), "Q4_0")
+    threads = 2
+    samples: dict = {}
+    for depth in args.depths:
+        ctx = bench.context_size(depth, DECODE_STEPS)
+        for kv in args.kv:
+            for r in range(args.rounds):
+                for engine in ("minillm", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "minillm"):
+                    if engine == "minillm":
+                        env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+                        out = bench.last_json(bench.sh([sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model), "--prompt-tokens", str(depth),
+                                                        "--gen-tokens", str(DECODE_STEPS), "--ctx", str(ctx), "--kv-dtype", kv, "--json"], env=env))
+                    else:
+                        out = bench.last_json(bench.sh([sys.executable, "-c", bench.WORKER_LLAMA, str(model), str(depth), str(DECODE_STEPS), str(threads),
+                                                        str(ctx), LLAMA_KV[kv]]))
+                    cell = samples.setdefault(f"{depth}/{kv}", {}).setdefault(engine, {"prefill": [], "decode": [], "rss": []})
+                    cell["prefill"].append(out["prefill_tok_s"])
+                    cell["decode"].append(out["decode_tok_s"])
+                    cell["rss"].append(out["peak_rss_mb"])
+                    if engine == "minillm":
+                        cell.setdefault("kv_bytes_per_token", out["kv_bytes_per_token"])
+                    print(f"depth {depth} KV {kv} round {r + 1} {engine}: prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.2f} tok/s, "
+                          f"peak RSS {out['peak_rss_mb']:.0f} MiB", flush=True)
+    table = {}
+    for key, cell in samples.items():
+        med = {e: {k: statistics.median(v) for k, v in c.items() if isinstance(v, list)} for e, c in cell.items()}
+        table[key] = {"medians": med, "prefill_ratio": med["minillm"]["prefill"] / med["llama.cpp"]["prefill"],
+                      "decode_ratio": med["minillm"]["decode"] / med["llama.cpp"]["decode"],
+                      "rss_minus_llama_mb": med["minillm"]["rss"] - med["llama.cpp"]["rss"],
+                      "kv_bytes_per_token": cell["minillm"].get("kv_bytes_per_token"), "rounds": args.rounds}
+        print(f"{key}: prefill {table[key]['prefill_ratio']:.2f}x, decode {table[key]['decode_ratio']:.2f}x llama.cpp; "
+              f"peak RSS {med['minillm']['rss']:.0f} vs {med['llama.cpp']['rss']:.0f} MiB")
+    return {"model": model.name, "threads": threads, "decode_steps": DECODE_STEPS, "samples": samples, "table": table}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    acc = sub.add_parser("accuracy")
+    acc.add_argument("--files", nargs="+", default=[str(p) for p in DEFAULT_TEXTS])
+    acc.add_argument("--ctx", type=int, default=1024)
+    acc.add_argument("--stride", type=int, default=512)
+    acc.add_argument("--kv", nargs="+", default=["float32", "float16", "bfloat16", "q8_0"])
+    sp = sub.add_parser("speed")
+    sp.add_argument("--model", help="a GGUF file (default: the 1.2B shape at Q4_0)")
+    sp.add_argument("--depths", nargs="+", type=int, default=[1024, 8192])
+    sp.add_argument("--rounds", type=int, default=5)
+    sp.add_argument("--kv", nargs="+", default=["float16", "q8_0"])
+    args = ap.parse_args()
+    report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    report[args.mode] = accuracy(args) if args.mode == "accuracy" else speed(args)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The KV cache's formats (`--kv-dtype`): rows stored as NumPy and torch round them, attention over
+a stored format equal bit for bit to attention over its values widened to float32, and the whole
+model's decode == batched decode == prefill at every format."""
+
+import gguf
+import numba
+import numpy as np
+import pytest
+import torch
+from hf_tiny import VOCAB, make_checkpoint
+
+from minillm import kernels as K
+from minillm.core.cache import KVPool
+from minillm.core.model import Model
+from minillm.errors import ConfigError, UsageError
+
+RNG = np.random.default_rng(7)
+FORMATS = list(K.KV_FORMATS)
+TOKENS = np.random.default_rng(1).integers(0, VOCAB, size=40)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def stored(name: str, x: np.ndarray) -> np.ndarray:
+    """x (..., hd) float32 as the format's rows, by NumPy, torch and gguf-py (the references)."""
+    if name == "float32":
+        return x.copy()
+    if name == "float16":
+        return x.astype(np.float16).view(np.int16)
+    if name == "bfloat16":
+        return torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    rows = gguf.quants.quantize(x.reshape(-1, x.shape[-1]), gguf.GGMLQuantizationType.Q8_0)
+    return rows.reshape(*x.shape[:-1], -1)
+
+
+def widened(name: str, rows: np.ndarray) -> np.ndarray:
+    """A format's rows back to float32 values (exact)."""
+    if name == "float32":
+        return rows
+    if name == "float16":
+        return rows.view(np.float16).astype(np.float32)
+    if name == "bfloat16":
+        return (rows.astype(np.uint32) << 16).view(np.float32)
+    flat = rows.reshape(-1, rows.shape[-1])
+    values = gguf.quants.dequantize(flat, gguf.GGMLQuantizationType.Q8_0)
+    return values.reshape(*rows.shape[:-1], -1).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_kv_write_stores_rows_as_the_references_round_them(name):
+    fmt = K.KV_FORMATS[name]
+    nkv, ctx, hd, T, pos0 = 3, 19, 64, 5, 7
+    shape = (nkv, ctx, fmt.row_length(hd))
+    k_cache, v_cache = np.zeros(shape, fmt.element), np.zeros(shape, fmt.element)
+    k, v = rand(T, nkv * hd) * 3, rand(T, nkv * hd)
+    k[0, :5] = [0.0, -0.0, 1e-8, 65504.0, -7e-5]  # zero, tiny (float16 subnormal), float16's largest
+    K.kv_write(k_cache, v_cache, k, v, pos0)
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        expected = stored(name, x.reshape(T, nkv, hd).transpose(1, 0, 2))
+        np.testing.assert_array_equal(cache[:, pos0 : pos0 + T], expected)
+        assert not cache[:, :pos0].any() and not cache[:, pos0 + T :].any()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("heads,hd,n_keys", [(1, 64, 1), (3, 64, 37), (2, 128, 50), (4, 32, 16)])
+def test_attend_over_a_format_equals_attend_over_its_widened_values(name, heads, hd, n_keys):
+    """Decode's attention reads stored rows and widens them in registers: every output is the same
+    bits as attention over the float32 copy of those values (so the format changes the values
+    attention sees, never the order of its sums)."""
+    ctx = 64
+    keys, values = stored(name, rand(ctx, hd)), stored(name, rand(ctx, hd))
+    q = rand(heads * hd) * 2
+    scale, cap = np.float32(hd**-0.5), np.float32(0.0)
+    out, expected = np.empty(heads * hd, np.float32), np.empty(heads * hd, np.float32)
+    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap)
+    K.attend(expected, q, widened(name, keys), widened(name, values), n_keys, np.empty((heads, ctx), np.float32), scale, cap)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("window", [0, 5])
+def test_prefill_attention_over_a_format_equals_decode_attention(name, window):
+    """Prefill's 4 x 4 score tiles over stored rows: each query equals attend on it alone, and the
+    whole equals prefill attention over the widened values."""
+    T, nh, nkv, hd, pos0, ctx = 13, 4, 2, 64, 6, 40
+    k_cache, v_cache = stored(name, rand(nkv, ctx, hd)), stored(name, rand(nkv, ctx, hd))
+    q = rand(T, nh * hd) * 3
+    scale, cap = np.float32(0.3), np.float32(0.0)
+    scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
+    out, expected = np.empty_like(q), np.empty_like(q)
+    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap)
+    K.attention(expected, q, widened(name, k_cache), widened(name, v_cache), pos0, scores, window, scale, cap)
+    np.testing.assert_array_equal(out, expected)
+    s = np.empty((1, ctx), np.float32)
+    for t in range(T):
+        p = pos0 + t
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(nh):
+            alone = np.empty(hd, np.float32)
+            kv = h // (nh // nkv)
+            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap)
+            np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_half_formats_take_any_head_size(name):
+    """hd % 16 != 0: the tail columns are read one value at a time, widened the same way."""
+    hd, ctx, n_keys = 20, 24, 19
+    keys, values = stored(name, rand(ctx, hd)), stored(name, rand(ctx, hd))
+    q = rand(2 * hd)
+    out, expected = np.empty(2 * hd, np.float32), np.empty(2 * hd, np.float32)
+    args = (n_keys, np.empty((2, ctx), np.float32), np.float32(0.25), np.float32(0.0))
+    K.attend(out, q, keys, values, *args)
+    K.attend(expected, q, widened(name, keys), widened(name, values), *args)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_kv_bytes_per_token():
+    """float16 and bfloat16 hold half of float32's bytes, Q8_0 34/128 of them."""
+    fmts = K.KV_FORMATS
+    assert fmts["float16"].row_bytes(64) * 2 == fmts["float32"].row_bytes(64) == 256
+    assert fmts["q8_0"].row_bytes(64) / fmts["float32"].row_bytes(64) == 34 / 128 <= 0.27
+
+
+# ---------------------------------------------------------------- the whole model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny llama whose head size Q8_0 can hold (hd 32), GQA 4/2, biases."""
+    path = tmp_path_factory.mktemp("kv-llama")
+    make_checkpoint(path, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, attention_bias=True)
+    return path
+
+
+@pytest.mark.parametrize("kv_dtype", FORMATS[1:])
+def test_decode_batched_and_prefill_agree_bit_for_bit_at_every_kv_dtype(tiny, kv_dtype):
+    model = Model.load(tiny, kv_dtype=kv_dtype)
+    full = model.forward(TOKENS[:30], model.new_cache(), all_logits=True)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:9], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[9:30]]
+    np.testing.assert_array_equal(np.stack(steps), full[8:30])
+    # beside other sequences, in one step each
+    prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
+    steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]
+    alone = []
+    for prompt, step in zip(prompts, steps):
+        c = model.new_cache()
+        model.forward(prompt, c)
+        alone.append(np.stack([model.forward([t], c).copy() for t in step]))
+    pool = KVPool(model.config, model.ctx, 4, model.kv_format)
+    held = [pool.acquire() for _ in prompts]
+    slots, caches = [s for s, _ in held], [c for _, c in held]
+    for prompt, c in zip(prompts, caches):
+        model.forward(prompt, c)
+    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
+    for b in range(len(prompts)):
+        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
+
+
+@pytest.mark.parametrize("kv_dtype", FORMATS[1:])
+def test_reduced_kv_stays_close_to_float32(tiny, kv_dtype):
+    exact = Model.load(tiny)
+    reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
+    model = Model.load(tiny, kv_dtype=kv_dtype)
+    logits = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    assert model.kv_bytes_per_token <= exact.kv_bytes_per_token * (0.27 if kv_dtype == "q8_0" else 0.5)
+    nmse = ((logits - reference) ** 2).mean() / reference.var()
+    assert 0 < nmse < (1e-3 if kv_dtype == "q8_0" else 2e-4), nmse
+    assert (logits.argmax(-1) == reference.argmax(-1)).mean() >= 0.9
+
+
+def test_kv_dtype_errors_name_the_choice_and_the_field(tmp_path, tiny):
+    with pytest.raises(UsageError, match="kv-dtype 'fp8'"):
+        Model.load(tiny, kv_dtype="fp8")
+    make_checkpoint(tmp_path)  # head_dim 8
+    with pytest.raises(ConfigError, match="head_dim 8 .* q8_0"):
+        Model.load(tmp_path, kv_dtype="q8_0")
