@@ -79,7 +79,7 @@ cp = L.llama_context_default_params()
 cp.n_ctx = n_ctx; cp.n_batch = 512; cp.n_ubatch = 512
 cp.n_threads = threads; cp.n_threads_batch = threads
 if kv:
-    cp.type_k = cp.type_v = getattr(L, "GGML_TYPE_" + kv.upper())
+    cp.type_k = cp.type_v = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}[kv]  # ggml types (the bindings lack BF16's name)
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantized V cache needs it
 ctx = L.llama_init_from_model(model, cp)
 load_s = time.perf_counter() - t0

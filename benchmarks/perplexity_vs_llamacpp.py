@@ -40,7 +40,7 @@ model = L.llama_load_model_from_file(path.encode(), L.llama_model_default_params
 cp = L.llama_context_default_params()
 cp.n_ctx = ctx; cp.n_batch = ctx; cp.n_ubatch = ctx; cp.n_threads = 2; cp.n_threads_batch = 2
 if kv:
-    cp.type_k = cp.type_v = getattr(L, "GGML_TYPE_" + kv.upper())
+    cp.type_k = cp.type_v = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}[kv]  # ggml types (the bindings lack BF16's name)
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantized V cache needs it
 lctx = L.llama_init_from_model(model, cp)
 V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))

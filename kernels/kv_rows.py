@@ -18,7 +18,7 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from .quantize import QBLOCK, bf16_bits, f16_bits, quantize_q8_0_block
-from .vector_ir import F32, I16, I32, I32_VEC, I64, LANES, VEC, half_to_f32, load_f32, splat
+from .vector_ir import F32, I16, I32, I32_VEC, I64, LANES, VEC, f16_splat, half_to_f32, load_f32
 
 I8 = ir.IntType(8)
 Q8_0_BLOCK_BYTES = 34
@@ -40,10 +40,10 @@ def load_kv_chunk(builder, dtype, row, col):
             return half_to_f32(builder, bits)
         return builder.bitcast(builder.shl(builder.zext(bits, I32_VEC), ir.Constant(I32_VEC, [16] * LANES)), VEC)
     block = builder.gep(row, [builder.mul(builder.lshr(col, I64(5)), I64(Q8_0_BLOCK_BYTES))], source_etype=I8)
-    scale = half_to_f32(builder, builder.load(builder.bitcast(block, I16.as_pointer()), typ=I16, align=1))
+    scale = f16_splat(builder, builder.bitcast(block, I16.as_pointer()), I64(0))  # rows and blocks start on even bytes
     levels = builder.gep(block, [builder.add(builder.and_(col, I64(QBLOCK - 1)), I64(2))], source_etype=I8)
     q = builder.load(builder.bitcast(levels, ir.VectorType(I8, LANES).as_pointer()), typ=ir.VectorType(I8, LANES), align=1)
-    return builder.fmul(splat(builder, scale), builder.sitofp(q, VEC))
+    return builder.fmul(scale, builder.sitofp(q, VEC))
 
 
 def load_kv_value(builder, dtype, row, col):

@@ -178,3 +178,87 @@ def test_kv_dtype_errors_name_the_choice_and_the_field(tmp_path, tiny):
     make_checkpoint(tmp_path)  # head_dim 8
     with pytest.raises(ConfigError, match="head_dim 8 .* q8_0"):
         Model.load(tmp_path, kv_dtype="q8_0")
+
+
+# ---------------------------------------------------------------- the engine on reduced caches
+
+
+def _greedy(engine, prompt, n=12):
+    from minillm.core.sampling import SamplingParams
+
+    handle = engine.submit(prompt, SamplingParams(temperature=0), n, logprobs=2)
+    return [(e.token, e.logprob, e.top_logprobs) for e in handle], handle.cached_tokens
+
+
+def test_prefix_cache_keeps_blocks_in_the_kv_format(tiny):
+    """Blocks are stored at the KV dtype (a q8_0 block takes 0.27 of a float32 one, so --cache-mb
+    holds 3.8x more), and a request served from them gives the cold engine's tokens and logprobs."""
+    from minillm.core.engine import Engine
+    from minillm.core.prefix_cache import PrefixCache
+    from minillm.options import Options
+
+    model = Model.load(tiny, kv_dtype="q8_0")
+    exact = PrefixCache(Model.load(tiny).config, 0).block_bytes
+    assert Engine(model, Options(cache_mb=1)).prefix.block_bytes == exact * 34 // 128
+    rng = np.random.default_rng(3)
+    system = rng.integers(0, VOCAB, size=100).tolist()
+    cached, cold = Engine(model, Options(cache_mb=4)), Engine(model, Options(cache_mb=0))
+    first, hit = _greedy(cached, system)
+    assert hit == 0 and first == _greedy(cold, system)[0]
+    turn2 = system + [t for t, _, _ in first] + rng.integers(0, VOCAB, size=7).tolist()
+    second, hit = _greedy(cached, turn2)
+    assert hit >= 96 and second == _greedy(cold, turn2)[0]
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_speculation_on_a_reduced_cache_never_changes_a_token(tiny, mode):
+    """Rejected positions are rolled back in a float16 cache as in a float32 one: the text of plain
+    decoding on the same cache format (the draft keeps its own cache in the format too)."""
+    from minillm.core.engine import Engine
+    from minillm.options import Options
+
+    model = Model.load(tiny, kv_dtype="float16")
+    rng = np.random.default_rng(5)
+    phrase = rng.integers(0, VOCAB, size=10).tolist()
+    prompts = [(phrase * 20)[:150], rng.integers(0, VOCAB, size=40).tolist()]
+    plain = Engine(model, Options(max_batch=2, cache_mb=0))
+    expected = [_greedy(plain, p, 40)[0] for p in prompts]
+    draft = Model.load(tiny, dtype="int8", kv_dtype="float16") if mode == "draft" else None
+    spec = Engine(model, Options(max_batch=2, cache_mb=0, speculative=mode, spec_tokens=5), draft=draft)
+    assert [_greedy(spec, p, 40)[0] for p in prompts] == expected
+    assert spec.stats.spec_draft_tokens > 0
+
+
+def test_sliding_window_release_on_a_reduced_cache(tmp_path):
+    """Sliding-window layers give back old positions of a bfloat16 cache (RELEASE_STEP at a
+    time) and the engine's tokens stay those of a cache that keeps everything."""
+    from minillm.core.engine import Engine
+    from minillm.options import Options
+
+    make_checkpoint(tmp_path, arch="mistral", sliding_window=20, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
+    model = Model.load(tmp_path, kv_dtype="bfloat16")
+    prompt = np.random.default_rng(6).integers(0, VOCAB, size=150).tolist()
+    cache = model.new_cache()
+    logits = model.forward(prompt, cache)
+    expected = []
+    for _ in range(30):
+        expected.append(int(np.argmax(logits)))
+        logits = model.forward([expected[-1]], cache)
+    assert cache.released == 0
+    engine = Engine(model, Options(cache_mb=0))
+    assert [t for t, _, _ in _greedy(engine, prompt, 30)[0]] == expected
+
+
+def test_bench_reports_the_kv_cache(tiny):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "cli.py"), "bench", "--model", str(tiny), "--prompt-tokens", "20", "--gen-tokens", "3",
+                          "--ctx", "64", "--kv-dtype", "q8_0", "--json"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # 2 layers x 2 KV heads x (keys + values) x one Q8_0 block of 32 (34 bytes)
+    assert (result["kv_dtype"], result["kv_bytes_per_token"], result["ctx"]) == ("q8_0", 2 * 2 * 2 * 34, 64)
