@@ -133,7 +133,14 @@ def main() -> None:
     sp.add_argument("--kv", nargs="+", default=["float16", "q8_0"])
     args = ap.parse_args()
     report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    report[args.mode] = accuracy(args) if args.mode == "accuracy" else speed(args)
+    if args.mode == "accuracy":
+        report["accuracy"] = accuracy(args)
+    else:  # depths and cache types measured in separate runs gather under one model
+        result, earlier = speed(args), report.get("speed", {})
+        if earlier.get("model") == result["model"]:
+            for key in ("samples", "table"):
+                result[key] = {**earlier[key], **result[key]}
+        report["speed"] = result
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
 
 

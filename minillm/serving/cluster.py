@@ -376,7 +376,7 @@ def deployment_app(args: dict):
     """An application builder for Ray's own tooling: `serve run minillm.serving.cluster:deployment_app
     model=/models/x.gguf replicas=4`, or a KubeRay RayService's serveConfigV2 (import_path, args).
     args: minillm.options.Options by name (model, model_name, api_key, replicas, threads (per
-    replica), autoscale as "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype,
+    replica), autoscale as "MIN:MAX", ingress_replicas, max_batch, max_queue, ctx, dtype, kv_dtype,
     cache_mb, check_weights, shutdown_timeout), as strings or values; any other name is an error
     that names it."""
     return build_app(Options.from_strings(args, where="minillm.serving.cluster:deployment_app"))
