@@ -39,9 +39,8 @@ def load_kv_chunk(builder, dtype, row, col):
         if dtype == types.int16:
             return half_to_f32(builder, bits)
         return builder.bitcast(builder.shl(builder.zext(bits, I32_VEC), ir.Constant(I32_VEC, [16] * LANES)), VEC)
-    block = builder.gep(row, [builder.mul(builder.lshr(col, I64(5)), I64(Q8_0_BLOCK_BYTES))], source_etype=I8)
+    block, levels = _q8_0_at(builder, row, col)
     scale = f16_splat(builder, builder.bitcast(block, I16.as_pointer()), I64(0))  # rows and blocks start on even bytes
-    levels = builder.gep(block, [builder.add(builder.and_(col, I64(QBLOCK - 1)), I64(2))], source_etype=I8)
     q = builder.load(builder.bitcast(levels, ir.VectorType(I8, LANES).as_pointer()), typ=ir.VectorType(I8, LANES), align=1)
     return builder.fmul(scale, builder.sitofp(q, VEC))
 
@@ -55,10 +54,15 @@ def load_kv_value(builder, dtype, row, col):
         if dtype == types.int16:
             return half_to_f32(builder, bits)
         return builder.bitcast(builder.shl(builder.zext(bits, I32), I32(16)), F32)
-    block = builder.gep(row, [builder.mul(builder.lshr(col, I64(5)), I64(Q8_0_BLOCK_BYTES))], source_etype=I8)
+    block, levels = _q8_0_at(builder, row, col)
     scale = half_to_f32(builder, builder.load(builder.bitcast(block, I16.as_pointer()), typ=I16, align=1))
-    level = builder.load(builder.gep(block, [builder.add(builder.and_(col, I64(QBLOCK - 1)), I64(2))], source_etype=I8), typ=I8)
-    return builder.fmul(scale, builder.sitofp(level, F32))
+    return builder.fmul(scale, builder.sitofp(builder.load(levels, typ=I8), F32))
+
+
+def _q8_0_at(builder, row, col):
+    """(the Q8_0 block holding column col of a row: its float16 scale first, the level of col)."""
+    block = builder.gep(row, [builder.mul(builder.lshr(col, I64(5)), I64(Q8_0_BLOCK_BYTES))], source_etype=I8)
+    return block, builder.gep(block, [builder.add(builder.and_(col, I64(QBLOCK - 1)), I64(2))], source_etype=I8)
 
 
 @intrinsic
