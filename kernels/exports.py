@@ -25,6 +25,7 @@ from .activation_operands import quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .formats import (BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat,
                       kernels_for, prepare_for)
+from .forward import PARAMS as forward_params
 from .forward import STATE_TYPE as forward_state_type
 from .forward import ModelWeights, Rows, Workspace
 from .gguf_blocks import FORMATS as BLOCK_FORMATS
@@ -42,7 +43,7 @@ from .top_k import top_k
 from .vector_ir import QBLOCK
 
 __all__ = [
-    "forward_state_type", "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "KV_DTYPE_CHOICES", "KV_FORMATS", "KVFormat", "LOAD_DTYPES", "Operand",
+    "forward_state_type", "forward_params", "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "KV_DTYPE_CHOICES", "KV_FORMATS", "KVFormat", "LOAD_DTYPES", "Operand",
     "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "BLOCK_FORMATS", "Q4_0", "Q8_0",
     "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
     "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row",

@@ -11,12 +11,20 @@ query/KV heads, hd head dim, ctx the cache's positions.
     x = embed[tokens] * embed_scale                                   (T, H)
     for each layer l:
         h = x + out_norm(o(attention(rope(qk_norm(qkv(norm(x)))))))      GQA, KV cache, window, soft cap
-        x = h + out_norm(down(act(gate(norm(h))) * up(norm(h))))         SiLU or GELU-tanh
+        x = h + out_norm(mlp(norm(h)))                                   dense or a mixture of experts
     logits = cap(lm_head(final_norm(x[logit_rows])))                  (G, V)
+
+    mlp(x) = down(act(gate(x)) * up(x))                                  SiLU or GELU-tanh
+    sparse layer: mlp(x) = sum over the router's top k experts e of p_e * mlp_e(x)
+                           (+ sigmoid(shared gate . x) * mlp_shared(x), Qwen2-MoE)
 
 Each norm, bias, q/k norm, RoPE table, window and cap is where the architecture has it (an
 (L, 0) norm or bias is none; rope_table -1 is no RoPE; window 0 is every earlier key; cap 0 is
-none), so nine architectures are parameters of this one sequence.
+none), so nine architectures are parameters of this one sequence; a mixture of experts is a
+router and E more MLPs per sparse layer (w.router), so Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE are
+too. Each expert runs on the rows that chose it, gathered, so its weights are read once per step
+for all of them, and every chosen expert's matrices share one parallel region (EXPERT_LINEAR); a
+row sums its experts in ascending expert order whatever else is in the step.
 
 Every weight matrix is multiplied by its own format's compiled kernel, called by address
 (kernels.formats), in parallel regions of 16-row tasks shared among the threads
@@ -59,10 +67,13 @@ PARALLEL_ROWS = 16  # from this many rows on, the row operations run in parallel
 # ws.params while a step runs
 P_LAYER, P_ROWS, P_WHICH, P_COUNT, P_MATRIX = 0, 1, 2, 3, 4  # P_MATRIX.. P_MATRIX + 2: up to three matrices
 P_OUTPUT = 7
+P_WIDTH = 8  # the MLP's intermediate width in this layer (its gate matrix's rows)
+PARAMS = 9
 ATTENTION_PART, MLP_PART = _n(0), _n(1)  # which sub-block a norm or residual step serves
 # what a linear step reads (P_WHICH) and writes (P_OUTPUT)
-FROM_XN, FROM_ATT, FROM_GATE = _n(0), _n(1), _n(2)
-TO_QKV, TO_PROJ, TO_GATE_UP, TO_LOGITS = _n(0), _n(1), _n(2), _n(3)
+FROM_XN, FROM_ATT, FROM_GATE, FROM_XE = _n(0), _n(1), _n(2), _n(3)
+TO_QKV, TO_PROJ, TO_GATE_UP, TO_LOGITS, TO_ROUTER = _n(0), _n(1), _n(2), _n(3), _n(4)
+JOB_GATE, JOB_UP, JOB_XE = 0, 1, 2  # where an expert job writes: gate, up (its rows), xe (its rows)
 ONE, TWO, THREE = _n(1), _n(2), _n(3)  # matrices read from one input
 ALWAYS = np.bool_(True)
 
@@ -76,6 +87,7 @@ class Rows(NamedTuple):
     logit_rows: np.ndarray  # (G,) int64: the rows whose logits are wanted, in this order
     logits: np.ndarray  # (G, V) float32, out
     hidden: np.ndarray  # (L + 2, T, H) float32, out: after the embedding, each layer, the final norm; or (0, 0, 0)
+    experts: np.ndarray  # (L, T, k) int64, out: each sparse layer's experts for each row, ascending; or (0, 0, 0)
 
 
 class ModelWeights(NamedTuple):
@@ -84,7 +96,9 @@ class ModelWeights(NamedTuple):
     of its format's kernels beside it."""
 
     matrices: np.ndarray  # (M, 3) int64: each matrix's data address, rows, bytes per row (the arrays are
-    #   the loader's, kept alive by the model); layer l's kind m at MATRIX_KINDS * l + m, then embedding, LM head
+    #   the loader's, kept alive by the model); layer l's kind m at MATRIX_KINDS * l + m, then embedding, LM head,
+    #   then the sparse layers' routers and experts (router); a sparse layer's GATE, UP, DOWN are its
+    #   shared expert, or matrices of 0 rows
     scales: np.ndarray  # (M, 3) int64: the same for its float16 scales (I8: (N, K / 32)), or a (1, 1) array
     linear: np.ndarray  # (M,) int64: the address of each matrix's linear kernel
     row: np.ndarray  # (M,) int64: of its row kernel (the embedding's is read)
@@ -111,6 +125,11 @@ class ModelWeights(NamedTuple):
     attn_softcap: float  # scores -> cap * tanh(scores / cap) when > 0
     final_softcap: float  # logits -> cap * tanh(logits / cap) when > 0
     gelu: bool  # the MLP's gate is GELU-tanh, not SiLU
+    router: np.ndarray  # (L,) int64: a sparse layer's router in matrices ((E, H), or (E + 1, H) with the
+    #   shared expert's gate last), expert e's gate, up, down at router + 1 + 3 e + 0, 1, 2; -1: a dense layer
+    experts: int  # E, experts per sparse layer (0: a dense model)
+    experts_per_token: int  # the router's top k
+    norm_topk: bool  # the top k weights renormalised to sum to 1
 
 
 class Workspace(NamedTuple):
@@ -121,15 +140,23 @@ class Workspace(NamedTuple):
     qkv: np.ndarray  # (R, q_dim + 2 kv_dim) q | k | v
     att: np.ndarray  # (R, q_dim) attention's output
     proj: np.ndarray  # (R, H) o / down projection before the residual add
-    gate: np.ndarray  # (R, I)
-    up: np.ndarray  # (R, I)
+    gate: np.ndarray  # (1, R * widest I): the MLP's gate rows, (T, I) for the layer's I (_mlp_rows)
+    up: np.ndarray  # (1, R * widest I)
     operands: np.ndarray  # (4, R * max K) uint16: activations prepared per Operand (flat; viewed (T, K))
     operand_scales: np.ndarray  # (4, R * (3 max K / 32 + 1)) float32: their block scales
     scratch: np.ndarray  # (threads, 8 max K) float32: a thread's panel or scale table (kernels.matmul)
     scores: np.ndarray  # (threads * max(4, n_rep), ctx) float32: a thread's attention score rows
-    claims: np.ndarray  # (6, threads) int64: up to three matrices' task shares (kernels.work_sharing)
-    params: np.ndarray  # (8,) int64: the arguments of the step running (P_* below)
+    claims: np.ndarray  # (2 max(3, 2 E), threads) int64: the task shares of up to three matrices, or of the expert jobs (kernels.work_sharing)
+    params: np.ndarray  # (PARAMS,) int64: the arguments of the step running (P_* below)
     tasks: np.ndarray  # (R * nh + nh, 4) int64: attention tasks (first row, end row, first head, end head)
+    # a mixture of experts' buffers ((0, 0) in a dense model)
+    moe: np.ndarray  # (R, H) the routed experts' weighted sum
+    xe: np.ndarray  # (R k, H) the rows each chosen expert runs, gathered from xn expert by expert; then their outputs
+    route: np.ndarray  # (R, E + 1) the router's logits, then probabilities; the shared expert's gate last
+    chosen: np.ndarray  # (R, k) int64: each row's experts
+    chosen_weight: np.ndarray  # (R, k) float32: their weights
+    place: np.ndarray  # (R, k) int64: the row of xe that holds each choice
+    jobs: np.ndarray  # (2 E, 4) int64: the expert matrices a step runs: matrix, first row of xe, rows, output (JOB_*)
 
 
 # Their Numba types, fixed whatever the model (a format changes addresses, not types): the forward
@@ -137,12 +164,14 @@ class Workspace(NamedTuple):
 _F1, _F2, _F3 = (types.Array(types.float32, n, "C") for n in (1, 2, 3))
 _P5 = types.Array(types.uint8, 5, "C")  # a KV pool as bytes, whatever its KV format: the steps that
 # read or write it (KV_STEPS) view it as their format's rows
-_I1, _I2 = (types.Array(types.int64, n, "C") for n in (1, 2))
-ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3], Rows)
+_I1, _I2, _I3 = (types.Array(types.int64, n, "C") for n in (1, 2, 3))
+ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
-     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.boolean], ModelWeights)
-WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2], Workspace)
+     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.boolean,
+     _I1, types.int64, types.int64, types.boolean], ModelWeights)
+WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
+                                   _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
 
 
@@ -205,11 +234,15 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         _run(ATTENTION, ALWAYS, w, ws, state)
         _linear_step(FROM_ATT, ONE, m + O, m + O, m + O, TO_PROJ, w, ws, state)
         _row_step(RESIDUAL, ATTENTION_PART, wide, w, ws, state)
-        # x = h + out_norm(down(act(gate(norm(h))) * up(norm(h))))
+        # x = h + out_norm(mlp(norm(h)))
         _row_step(NORM, MLP_PART, wide, w, ws, state)
-        _linear_step(FROM_XN, TWO, m + GATE, m + UP, m + UP, TO_GATE_UP, w, ws, state)
-        _row_step(GATE_ROWS, MLP_PART, wide, w, ws, state)
-        _linear_step(FROM_GATE, ONE, m + DOWN, m + DOWN, m + DOWN, TO_PROJ, w, ws, state)
+        if w.router[l] < 0:
+            _mlp(FROM_XN, m + GATE, T, w, ws, state)
+        else:
+            _experts(l, T, w, ws, state)
+            if rows.experts.shape[0] > 0:
+                _sorted_choices(rows.experts[l, :T], ws.chosen[:T])
+        ws.params[P_ROWS] = T
         _row_step(RESIDUAL, MLP_PART, wide, w, ws, state)
         if capture:
             rows.hidden[l + 1, :T] = x
@@ -225,6 +258,178 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
     if w.final_softcap > 0:
         for g in range(G):
             softcap_row(rows.logits[g], w.final_softcap)
+
+
+@njit(cache=True, _nrt=False)
+def _mlp(source, gate, T, w, ws, state):
+    """proj[:T] = down(act(gate(x)) * up(x)) for the T rows of x (source), the MLP whose gate, up
+    and down matrices are at gate, gate + 1, gate + 2."""
+    ws.params[P_ROWS], ws.params[P_WIDTH] = T, w.matrices[gate, 1]
+    _linear_step(source, TWO, gate, gate + 1, gate + 1, TO_GATE_UP, w, ws, state)
+    _row_step(GATE_ROWS, MLP_PART, T >= PARALLEL_ROWS, w, ws, state)
+    _linear_step(FROM_GATE, ONE, gate + 2, gate + 2, gate + 2, TO_PROJ, w, ws, state)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _experts(l, T, w, ws, state):
+    """proj[:T] = layer l's mixture of experts of xn[:T]: the router's top k per row (_route);
+    the rows gathered expert by expert (_gather), so that every chosen expert's gate and up run
+    in one parallel region, each over its own rows, and then every down; each row adds its
+    experts' outputs times their weights in ascending expert order; then the shared expert,
+    scaled by the sigmoid of its gate, where the layer has one."""
+    E, r, k = w.experts, w.router[l], w.experts_per_token
+    ws.params[P_ROWS] = T
+    _linear_step(FROM_XN, ONE, r, r, r, TO_ROUTER, w, ws, state)
+    _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w.norm_topk)
+    n, R = _gather(ws, T, E, r)
+    ws.params[P_ROWS], ws.params[P_WIDTH] = R, w.matrices[r + 1, 1]
+    _expert_linear(FROM_XE, n, w, ws, state)
+    _row_step(GATE_ROWS, MLP_PART, R >= PARALLEL_ROWS, w, ws, state)
+    for j in range(n // 2):  # each expert's down, from its gate rows into its rows of xe
+        ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3] = ws.jobs[2 * j, 0] + 2, ws.jobs[2 * j, 1], ws.jobs[2 * j, 2], JOB_XE
+    _expert_linear(FROM_GATE, n // 2, w, ws, state)
+    moe = ws.moe[:T]
+    for t in range(T):
+        for c in range(moe.shape[1]):
+            moe[t, c] = 0
+        last = -1
+        for _ in range(k):  # ascending expert order
+            j = _next_choice(ws.chosen[t], last)
+            last = ws.chosen[t, j]
+            weight, src = ws.chosen_weight[t, j], ws.place[t, j]
+            for c in range(moe.shape[1]):
+                moe[t, c] += ws.xe[src, c] * weight
+    proj = ws.proj[:T]
+    shared = MATRIX_KINDS * l + GATE
+    if w.matrices[shared, 1] > 0:
+        _mlp(FROM_XN, shared, T, w, ws, state)
+        for t in range(T):
+            g = np.float32(1) / (np.float32(1) + np.exp(-ws.route[t, E]))
+            for c in range(proj.shape[1]):
+                proj[t, c] = moe[t, c] + g * proj[t, c]
+    else:
+        for t in range(T):
+            for c in range(proj.shape[1]):
+                proj[t, c] = moe[t, c]
+
+
+@njit(cache=True, _nrt=False)
+def _expert_linear(source, n, w, ws, state):
+    """The n expert jobs of ws.jobs in one parallel region (expert_linear_step), their input
+    (source: xe, or the gate rows) prepared once for all of them per Operand."""
+    p = ws.params
+    p[P_WHICH] = source
+    R = p[P_ROWS]
+    done = 0
+    for j in range(n):
+        op = w.operand[ws.jobs[j, 0]]
+        if op != Operand.FLOAT32 and not (done >> op) & 1:
+            p[P_COUNT] = op
+            _run(PREPARE, R >= PARALLEL_ROWS, w, ws, state)
+            done |= 1 << op
+    p[P_COUNT] = n
+    for j in range(n):
+        start_claims(ws.claims[2 * j : 2 * j + 2], (w.matrices[ws.jobs[j, 0], 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, ws.claims.shape[1])
+    _run(EXPERT_LINEAR, ALWAYS, w, ws, state)
+
+
+@njit(cache=True, _nrt=False)
+def _sorted_choices(out, chosen):
+    """Each row's chosen experts, ascending (compare --per-layer)."""
+    for t in range(chosen.shape[0]):
+        last = -1
+        for j in range(chosen.shape[1]):
+            last = chosen[t, _next_choice(chosen[t], last)]
+            out[t, j] = last
+
+
+@njit(cache=True, _nrt=False)
+def _next_choice(ids, last):
+    """The index in ids of the smallest expert above `last`."""
+    best = -1
+    for j in range(ids.shape[0]):
+        if ids[j] > last and (best < 0 or ids[j] < ids[best]):
+            best = j
+    return best
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _route(route, E, chosen, chosen_weight, norm_topk):
+    """Each row's top k experts by softmax probability over the E logits in route[t, :E] (ties
+    to the lower index), their probabilities renormalised to sum to 1 when norm_topk, as
+    transformers' routers. route[t, :E] becomes the probabilities."""
+    k = chosen.shape[1]
+    for t in range(route.shape[0]):
+        p = route[t, :E]
+        top = p[0]
+        for e in range(1, E):
+            top = max(top, p[e])
+        total = np.float32(0)
+        for e in range(E):
+            p[e] = np.exp(p[e] - top)
+            total += p[e]
+        for e in range(E):
+            p[e] /= total
+        kept = np.float32(0)
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if (best < 0 or p[e] > p[best]) and not _taken(chosen[t, :j], e):
+                    best = e
+            chosen[t, j], chosen_weight[t, j] = best, p[best]
+            kept += p[best]
+        if norm_topk:
+            for j in range(k):
+                chosen_weight[t, j] /= kept
+
+
+@njit(cache=True, _nrt=False)
+def _taken(ids, e):
+    for i in ids:
+        if i == e:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def _gather(ws, T, E, r):
+    """The T rows' choices gathered expert by expert: each chosen expert's rows of xn copied to
+    consecutive rows of xe (ascending), place[t, j] the row of row t's choice j; its gate and up
+    matrices as jobs. Returns (jobs, rows of xe)."""
+    n = 0
+    row = 0
+    for e in range(E):
+        first = row
+        for t in range(T):
+            for j in range(ws.chosen.shape[1]):
+                if ws.chosen[t, j] == e:
+                    ws.place[t, j] = row
+                    for c in range(ws.xn.shape[1]):
+                        ws.xe[row, c] = ws.xn[t, c]
+                    row += 1
+        if row > first:
+            for kind in range(2):  # gate, up
+                ws.jobs[n, 0], ws.jobs[n, 1], ws.jobs[n, 2], ws.jobs[n, 3] = r + 1 + 3 * e + kind, first, row - first, kind
+                n += 1
+    return n, row
+
+
+@njit(inline="always", _nrt=False)
+def _mlp_rows(flat, T, width):
+    """An MLP buffer's first T rows of the layer's width (gate, up: (1, R * widest I))."""
+    return rows_view(flat[0], T, width)
+
+
+@njit(inline="always", _nrt=False)
+def _source_rows(ws, source, T):
+    """The T rows a linear step reads."""
+    if source == FROM_ATT:
+        return ws.att[:T]
+    if source == FROM_GATE:
+        return _mlp_rows(ws.gate, T, ws.params[P_WIDTH])
+    if source == FROM_XE:
+        return ws.xe[:T]
+    return ws.xn[:T]
 
 
 @njit(cache=True, _nrt=False)
@@ -275,7 +480,7 @@ def prepare_step(t, threads, state):
     ws.params[P_COUNT] by that Operand's kernel."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     T, op, source = ws.params[P_ROWS], ws.params[P_COUNT], ws.params[P_WHICH]
-    x = ws.att[:T] if source == FROM_ATT else ws.gate[:T] if source == FROM_GATE else ws.xn[:T]
+    x = _source_rows(ws, source, T)
     K = x.shape[1]
     xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
     call_prepare(w.prepare[op], xo, xs, x, np.int64(T * t // threads), np.int64(T * (t + 1) // threads))
@@ -287,7 +492,7 @@ def linear_step(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     p = ws.params
     T, n, target, source = p[P_ROWS], p[P_COUNT], p[P_OUTPUT], p[P_WHICH]
-    x = ws.att[:T] if source == FROM_ATT else ws.gate[:T] if source == FROM_GATE else ws.xn[:T]
+    x = _source_rows(ws, source, T)
     K = x.shape[1]
     q_dim = ws.att.shape[1]
     kv_dim = (ws.qkv.shape[1] - q_dim) // 2
@@ -298,13 +503,38 @@ def linear_step(t, threads, state):
         if target == TO_QKV:
             out, col = ws.qkv[:T], (0, q_dim, q_dim + kv_dim)[j]
         elif target == TO_GATE_UP:
-            out, col = (ws.gate[:T] if j == 0 else ws.up[:T]), 0
+            out, col = _mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH]), 0
         elif target == TO_LOGITS:
             out, col = rows.logits, 0
+        elif target == TO_ROUTER:
+            out, col = ws.route[:T], 0
         else:
             out, col = ws.proj[:T], 0
         call_linear(w.linear[m], out, np.int64(col), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t], ws.claims[2 * j : 2 * j + 2],
                     np.int64(t))
+
+
+def expert_linear_step(t, threads, state):
+    """Thread t's tasks of the expert jobs (ws.jobs, ws.params[P_COUNT] of them): each matrix
+    over its own rows of the input (xe, or the gate rows) into its rows of gate, up or xe, by
+    its format's linear kernel, its tasks shared from claims[2j:2j + 2]. A thread done with one
+    matrix's tasks goes on to the next: no barrier between experts."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    p = ws.params
+    n, source, width = p[P_COUNT], p[P_WHICH], p[P_WIDTH]
+    K = ws.xe.shape[1] if source == FROM_XE else width
+    S = 3 * (K // 32) + 1
+    for j in range(n):
+        m, r0, nr, target = ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3]
+        op = w.operand[m]
+        x = ws.xe[r0 : r0 + nr] if source == FROM_XE else rows_view(ws.gate[0][r0 * width :], nr, width)
+        xo, xs = rows_view(ws.operands[op][r0 * K :], nr, K), rows_view(ws.operand_scales[op][r0 * S :], nr, S)
+        if target == JOB_XE:
+            out = ws.xe[r0 : r0 + nr]
+        else:
+            out = rows_view((ws.gate if target == JOB_GATE else ws.up)[0][r0 * width :], nr, width)
+        call_linear(w.linear[m], out, np.int64(0), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t],
+                    ws.claims[2 * j : 2 * j + 2], np.int64(t))
 
 
 def norm_step(t, threads, state):
@@ -344,7 +574,8 @@ def gate_step(t, threads, state):
     """Thread t's rows of gate = act(gate + bias) * (up + bias)."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
-    _gate_span(T * t // threads, T * (t + 1) // threads, ws.gate, ws.up, w.gate_up_bias, l, w.gelu)
+    gate, up = _mlp_rows(ws.gate, T, ws.params[P_WIDTH]), _mlp_rows(ws.up, T, ws.params[P_WIDTH])
+    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.gelu)
 
 
 def attention_step(t, threads, state):
@@ -395,8 +626,8 @@ def parallel_region(step, threads, state):
 # module: a first run of the default model compiled the forward pass in 15 s instead of 30
 # (2-core AVX2 machine).
 
-STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step)
-LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE = (_n(i) for i in range(len(STEPS)))
+STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, expert_linear_step)
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERT_LINEAR = (_n(i) for i in range(len(STEPS)))
 PARALLEL_REGION = len(STEPS)
 
 

@@ -340,6 +340,9 @@ def cmd_compare(args) -> int:
             mark = "  <- first divergence" if st["stage"] == layers["first_divergence"] else ""
             print(f"{st['stage']:>12} {st['max_abs']:>10.3g} {st['rel_l2']:>10.3g}{mark}")
         print(f"first divergence: {layers['first_divergence'] or 'none'}")
+        for r in layers.get("routers", ()):
+            print(f"router of layer {r['layer']}: the same experts for {r['same_experts'] * 100:.1f}% of tokens "
+                  f"({r['same_choices'] * 100:.1f}% of choices)")
     return 0
 
 

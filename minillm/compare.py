@@ -133,8 +133,23 @@ def layer_metrics(ours: np.ndarray, theirs: np.ndarray, threshold: float) -> dic
 # ------------------------------------------------------------------ compare
 
 
+def router_metrics(ours: np.ndarray, router_logits, sparse_layers: list[int]) -> list[dict]:
+    """Per sparse layer: the share of tokens routed to the same set of experts as transformers'
+    router chose (its top k logits), and the share of single choices in common."""
+    out = []
+    for layer, logits in zip(sparse_layers, router_logits):
+        k = ours.shape[2]
+        theirs = np.sort(np.argsort(-np.asarray(logits, np.float64), axis=-1, kind="stable")[:, :k], axis=-1)
+        mine = ours[layer]
+        same = (mine == theirs).all(-1)
+        common = np.mean([len(set(a) & set(b)) / k for a, b in zip(mine.tolist(), theirs.tolist())])
+        out.append({"layer": layer, "same_experts": float(same.mean()), "same_choices": float(common)})
+    return out
+
+
 def hf_hidden_states(oracle, tokens: Sequence[int]):
-    """transformers' logits and hidden states at the same stages as Model.forward(hidden=...)."""
+    """transformers' logits and hidden states at the same stages as Model.forward(hidden=...),
+    and the routers' logits of a mixture of experts (a tuple, one per sparse layer; else ())."""
     torch = _torch()
     inner = oracle.model
     captured: dict = {}
@@ -150,13 +165,15 @@ def hf_hidden_states(oracle, tokens: Sequence[int]):
     for i, layer in enumerate(inner.layers):
         handles.append(layer.register_forward_hook(keep(i + 1)))
     handles.append(inner.norm.register_forward_hook(keep(len(inner.layers) + 1)))
+    moe = bool(getattr(oracle.config, "num_local_experts", 0) or getattr(oracle.config, "num_experts", 0))
     try:
         with torch.no_grad():
-            logits = oracle(torch.tensor([list(tokens)])).logits[0].float().numpy()
+            out = oracle(torch.tensor([list(tokens)]), **({"output_router_logits": True} if moe else {}))
     finally:
         for h in handles:
             h.remove()
-    return logits, np.stack([captured[i] for i in range(len(inner.layers) + 2)])
+    routers = tuple(r.reshape(len(tokens), -1).float().numpy() for r in (out.router_logits or ())) if moe else ()
+    return out.logits[0].float().numpy(), np.stack([captured[i] for i in range(len(inner.layers) + 2)]), routers
 
 
 def compare(
@@ -170,11 +187,15 @@ def compare(
     tokens = list(tokens)
     cfg = model.config
     hidden = np.zeros((cfg.num_hidden_layers + 2, len(tokens), cfg.hidden_size), np.float32) if per_layer else None
-    ours = model.forward(tokens, model.new_cache(), all_logits=True, hidden=hidden)
-    theirs, theirs_hidden = hf_hidden_states(oracle, tokens)
+    experts = np.zeros((cfg.num_hidden_layers, len(tokens), cfg.experts_per_token), np.int64) if per_layer and cfg.num_experts else None
+    ours = model.forward(tokens, model.new_cache(), all_logits=True, hidden=hidden, experts=experts)
+    theirs, theirs_hidden, routers = hf_hidden_states(oracle, tokens)
     result = {"tokens": len(tokens), "dtype": model.dtype, **logit_metrics(ours, theirs)}
     if per_layer:
         result["layers"] = layer_metrics(hidden, theirs_hidden, threshold)
+        if experts is not None:
+            sparse = [i for i in range(cfg.num_hidden_layers) if cfg.layer_is_sparse(i)]
+            result["layers"]["routers"] = router_metrics(experts, routers, sparse)
     return result
 
 

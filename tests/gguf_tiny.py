@@ -12,7 +12,8 @@ import numpy as np
 
 # HF architecture -> GGUF architecture name
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Olmo2ForCausalLM": "olmo2",
-             "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+             "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+             "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe"}
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
 
@@ -21,11 +22,13 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) -> Path:
-    """Convert the checkpoint in hf_dir to a GGUF at path: F32 tensors, or 2-D weights quantized
-    to `qtype` (a gguf.GGMLQuantizationType, or a function of the GGUF tensor name giving one
-    or None) where their rows allow it. vocab: tokenizer metadata (make_vocab's), by default one
-    of the right kind and size."""
+def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, fuse_gate_up_exps: bool = False) -> Path:
+    """Convert the checkpoint in hf_dir to a GGUF at path: F32 tensors, or 2-D weights (and 3-D
+    experts) quantized to `qtype` (a gguf.GGMLQuantizationType, or a function of the GGUF tensor
+    name giving one or None) where their rows allow it. vocab: tokenizer metadata (make_vocab's),
+    by default one of the right kind and size. A mixture of experts' per-expert matrices are
+    stacked into ffn_{gate,up,down}_exps (or with fuse_gate_up_exps, ffn_gate_up_exps), as the
+    converter stacks them."""
     from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
     from gguf.quants import quantize
     from safetensors.numpy import load_file
@@ -48,7 +51,15 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) 
     w.add_rope_freq_base(full.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if "sliding_attention" in rope:
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
-    if arch in ("qwen3", "gemma2", "gemma3"):
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     else:
@@ -71,12 +82,16 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) 
         w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
     _add_vocab(w, vocab or make_vocab(cfg["vocab_size"], "spm" if arch in SPM else "bpe"))
 
-    tensors = load_file(str(hf_dir / "model.safetensors"))
+    tensors = _stack_experts(load_file(str(hf_dir / "model.safetensors")), experts or 0, fuse_gate_up_exps)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
     for hf, t in tensors.items():
         t = t.astype(np.float32)
         base, suffix = hf.rsplit(".", 1)
         name = f"{names.get_name(base)}.{suffix}"
+        if base.endswith("experts.gate_up_proj"):  # newer than gguf-py's tables for these architectures
+            name = f"blk.{base.split('.')[2]}.ffn_gate_up_exps.{suffix}"
+        if base.endswith("shared_expert_gate"):
+            t = t.reshape(-1)  # the converter keeps Qwen2-MoE's (1, H) gate as (H,)
         if arch == "llama" and base.endswith("q_proj"):
             t = permute(t, heads)
         elif arch == "llama" and base.endswith("k_proj"):
@@ -84,8 +99,9 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) 
         if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             t = t + np.float32(1.0)
         kind = qtype(name) if callable(qtype) else qtype
-        if kind is not None and t.ndim == 2 and _fits(t, kind):
-            q = quantize(t, kind) if kind not in NO_QUANTIZER else random_blocks(kind, *t.shape, scale=float(np.abs(t).mean()))
+        if kind is not None and t.ndim >= 2 and "ffn_gate_inp" not in name and _fits(t, kind):
+            q = quantize(t, kind) if kind not in NO_QUANTIZER else random_blocks(
+                kind, int(np.prod(t.shape[:-1])), t.shape[-1], scale=float(np.abs(t).mean())).reshape(*t.shape[:-1], -1)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
         else:
             w.add_tensor(name, np.ascontiguousarray(t))
@@ -97,6 +113,29 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None) 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _stack_experts(tensors: dict, experts: int, fuse: bool) -> dict:
+    """Per-expert matrices (Mixtral's w1, w3, w2; others' gate_proj, up_proj, down_proj) stacked
+    into (E, N, K) tensors named as gguf-py's tables know them (`model.layers.i.mlp.experts.gate_proj`)."""
+    if not experts:
+        return tensors
+    out, stacks = {}, {}
+    kinds = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+    for hf, t in tensors.items():
+        parts = hf.split(".")
+        if "experts" in parts:  # model.layers.i.<moe>.experts.e.<kind>.weight
+            i, e, kind = parts[2], int(parts[parts.index("experts") + 1]), kinds[parts[parts.index("experts") + 2]]
+            stacks.setdefault((i, kind), [None] * experts)[e] = t
+        else:
+            out[hf] = t
+    for (i, kind), ts in sorted(stacks.items()):
+        out[f"model.layers.{i}.mlp.experts.{kind}.weight"] = np.stack(ts)
+    if fuse:
+        for i in {i for i, _ in stacks}:
+            gate, up = out.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), out.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
+            out[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
+    return out
 
 
 NO_QUANTIZER = (12, 13, 14, 20)  # Q4_K, Q5_K, Q6_K, IQ4_NL: gguf-py cannot quantize these
@@ -120,7 +159,7 @@ def random_blocks(qtype, rows: int, cols: int, scale: float = 0.02, seed: int = 
 def _fits(t: np.ndarray, qtype) -> bool:
     from gguf import GGML_QUANT_SIZES
 
-    return t.shape[1] % GGML_QUANT_SIZES[qtype][0] == 0
+    return t.shape[-1] % GGML_QUANT_SIZES[qtype][0] == 0
 
 
 def make_vocab(size: int, kind: str = "bpe") -> dict:

@@ -23,7 +23,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
     )
-    if arch in ("smollm3", "phi3", "gemma2", "gemma3"):  # their defaults name ids of a real vocabulary
+    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe"):  # their defaults name ids of a real vocabulary
         base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(overrides)
     config_cls, model_cls = {
@@ -36,6 +36,10 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
         "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
         "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+        "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()
@@ -43,6 +47,8 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 p.copy_(1.0 + 0.5 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+            elif name.endswith((".gate.weight", "shared_expert_gate.weight")):  # a router: choices far from ties
+                p.copy_(0.3 * torch.randn_like(p))
     model = model.to(dtype)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kwargs)

@@ -24,9 +24,9 @@ from .. import kernels as K
 from ..errors import ConfigError, GenerationError, UsageError
 from ..kernels.forward import MATRIX_KINDS, STEPS, forward, step_kernels
 from ..kernels.jit import CompileNotice, DirectCall, array_key
-from ..loading.checkpoint import Weights, load_checkpoint
+from ..loading.checkpoint import Linear, Weights, load_checkpoint
 from ..loading.config import ModelConfig, RopeScaling
-from ..memory import aligned_zeros
+from ..memory import aligned_zeros, lazy_zeros
 from .cache import KVCache, kv_bytes_per_token, kv_format
 from .threads import StepTimer, ThreadTuner
 
@@ -125,13 +125,19 @@ def _scaled_tables(cfg: ModelConfig, rope: tuple[float, RopeScaling], ctx: int) 
 
 NO_SCALES = np.zeros((1, 1), np.uint16)  # the scales of a matrix that has none beside it
 NO_HIDDEN = np.zeros((0, 0, 0), np.float32)
+NO_EXPERTS = np.zeros((0, 0, 0), np.int64)
 
 
 def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
     """Buffers for a step of up to `rows` rows (kernels.forward.Workspace)."""
     f = np.float32
-    H, I, q_dim, kv_dim = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+    H, I, q_dim, kv_dim = cfg.hidden_size, cfg.widest_mlp, cfg.q_dim, cfg.kv_dim
     widest = max(H, I, q_dim)
+    moe_rows = rows if cfg.num_experts else 0  # a dense model's expert buffers are empty
+    E, k = cfg.num_experts, cfg.experts_per_token
+    routed = moe_rows * k  # rows the chosen experts run, gathered
+    I = max(I, k * cfg.expert_intermediate_size)  # the gate rows of every chosen expert at once
+    operand = max(rows * widest, routed * max(H, cfg.expert_intermediate_size))  # a step's input rows, prepared
     threads = numba.config.NUMBA_NUM_THREADS
     n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
     return K.Workspace(
@@ -140,15 +146,23 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
         qkv=aligned_zeros((rows, q_dim + 2 * kv_dim), f),
         att=aligned_zeros((rows, q_dim), f),
         proj=aligned_zeros((rows, H), f),
-        gate=aligned_zeros((rows, I), f),
-        up=aligned_zeros((rows, I), f),
-        operands=aligned_zeros((len(K.Operand), rows * widest), np.uint16),
-        operand_scales=aligned_zeros((len(K.Operand), rows * (3 * (widest // K.QBLOCK) + 1)), f),
+        # the largest buffers take memory only where a step writes (a decode, a few rows of them)
+        gate=lazy_zeros((1, rows * I), f),
+        up=lazy_zeros((1, rows * I), f),
+        operands=lazy_zeros((len(K.Operand), operand), np.uint16),
+        operand_scales=lazy_zeros((len(K.Operand), operand * 3 // K.QBLOCK + max(rows, routed)), f),
         scratch=aligned_zeros((threads, 8 * widest), f),
         scores=aligned_zeros((threads * max(4, n_rep), ctx), f),
-        claims=aligned_zeros((6, threads), np.int64),
-        params=np.zeros(8, np.int64),
+        claims=aligned_zeros((2 * max(3, 2 * E), threads), np.int64),
+        params=np.zeros(K.forward_params, np.int64),
         tasks=np.zeros((rows * cfg.num_attention_heads + cfg.num_attention_heads, 4), np.int64),
+        moe=aligned_zeros((moe_rows, H), f),
+        xe=lazy_zeros((routed, H), f),
+        route=aligned_zeros((moe_rows, E + 1), f),
+        chosen=np.zeros((moe_rows, k), np.int64),
+        chosen_weight=np.zeros((moe_rows, k), f),
+        place=np.zeros((moe_rows, k), np.int64),
+        jobs=np.zeros((2 * E, 4), np.int64),
     )
 
 
@@ -188,7 +202,7 @@ class Model:
             return
         self._ws = workspace(self.config, rows, self.ctx)
         self._tokens, self._positions, self._slots, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(4))
-        self._logits = aligned_zeros((rows, self.config.vocab_size), np.float32)
+        self._logits = lazy_zeros((rows, self.config.vocab_size), np.float32)
         self._rows = rows
 
     def _compile(self) -> None:
@@ -224,12 +238,15 @@ class Model:
 
     # ------------------------------------------------------------------ entry points
 
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False, hidden: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False, hidden: np.ndarray | None = None,
+                experts: np.ndarray | None = None) -> np.ndarray:
         """Run `tokens` after what `cache` holds; returns logits (T, V) or (V,) for the last token.
 
         The returned (V,) array is a workspace buffer, overwritten by the next call.
         hidden: optional (L + 2, T, H) array that receives the residual stream after the
         embedding and after every layer, then the final norm's output (for `compare --per-layer`).
+        experts: optional (L, T, k) int64 array that receives each sparse layer's chosen experts
+        per token, ascending (a mixture of experts' router, compared the same way).
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = len(tokens)
@@ -247,10 +264,13 @@ class Model:
                 wanted = n if all_logits else (1 if start + n == T else 0)
                 rows = self._step_rows(tokens[start : start + n], np.arange(pos0 + start, pos0 + start + n), np.zeros(n, np.int64), wanted,
                                        logits=out[start : start + n] if all_logits else None,
-                                       hidden=None if hidden is None else np.empty((hidden.shape[0], n, hidden.shape[2]), np.float32))
+                                       hidden=None if hidden is None else np.empty((hidden.shape[0], n, hidden.shape[2]), np.float32),
+                                       experts=None if experts is None else np.zeros((experts.shape[0], n, experts.shape[2]), np.int64))
                 self._run(rows, cache.k[None].view(np.uint8), cache.v[None].view(np.uint8))
                 if hidden is not None:
                     hidden[:, start : start + n] = rows.hidden
+                if experts is not None:
+                    experts[:, start : start + n] = rows.experts
         cache.length = pos0 + T
         return out if all_logits else self._logits[0]
 
@@ -283,7 +303,7 @@ class Model:
 
     # ------------------------------------------------------------------ internals
 
-    def _step_rows(self, tokens, positions, slots, wanted: int, logits=None, hidden=None, logit_rows=None) -> "K.Rows":
+    def _step_rows(self, tokens, positions, slots, wanted: int, logits=None, hidden=None, logit_rows=None, experts=None) -> "K.Rows":
         """The Rows of a step in this model's buffers: logits for the last `wanted` rows (or for
         logit_rows), into `logits` (default: the model's buffer)."""
         T = len(tokens)
@@ -292,6 +312,7 @@ class Model:
         return K.Rows(
             tokens=self._tokens[:T], positions=self._positions[:T], slots=self._slots[:T], logit_rows=self._logit_rows[:wanted],
             logits=self._logits[:wanted] if logits is None else logits, hidden=NO_HIDDEN if hidden is None else hidden,
+            experts=NO_EXPERTS if experts is None else experts,
         )
 
     def _run(self, rows: "K.Rows", k: np.ndarray, v: np.ndarray) -> None:
@@ -339,8 +360,14 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
     cache, for the formats this model has)."""
     layers = w.layers
     f = np.float32
-    linears = [getattr(layer, kind) for layer in layers for kind in ("q", "k", "v", "o", "gate", "up", "down")] + [w.embed, w.lm_head]
+    no_mlp = Linear(np.zeros((0, cfg.hidden_size), f), K.BY_NAME["F32"])  # a sparse layer without a shared expert
+    linears = [getattr(layer, kind) or no_mlp for layer in layers for kind in ("q", "k", "v", "o", "gate", "up", "down")] + [w.embed, w.lm_head]
     assert len(linears) == MATRIX_KINDS * len(layers) + 2
+    router = np.full(len(layers), -1, np.int64)  # a sparse layer's router, then its experts (ModelWeights.router)
+    for i, layer in enumerate(layers):
+        if layer.router is not None:
+            router[i] = len(linears)
+            linears += [layer.router, *(m for expert in layer.experts for m in expert)]
     formats = sorted({lin.format for lin in linears}, key=lambda fmt: fmt.code)
     operands = sorted({fmt.operand for fmt in formats} - {K.Operand.FLOAT32})
     with CompileNotice(f"kernels for {format_names(formats)}", jobs=len(formats) + len(operands)) as notice:
@@ -354,7 +381,7 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
 
     def stacked_bias(*names) -> np.ndarray:
         """(L, sum of widths); (L, 0) when these projections have no bias."""
-        if getattr(layers[0], names[0]).b is None:
+        if any(getattr(layer, names[0]) is None or getattr(layer, names[0]).b is None for layer in layers):
             return np.zeros((len(layers), 0), f)
         return np.stack([np.concatenate([getattr(layer, n).b for n in names]) for layer in layers]).astype(f)
 
@@ -387,4 +414,8 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         attn_softcap=f(cfg.attn_logit_softcapping or 0.0),
         final_softcap=f(cfg.final_logit_softcapping or 0.0),
         gelu=cfg.hidden_act != "silu",
+        router=router,
+        experts=cfg.num_experts,
+        experts_per_token=cfg.experts_per_token,
+        norm_topk=cfg.norm_topk_prob,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,9 @@ from ..kernels import formats as F
 from ..memory import CACHE_LINE, aligned_empty, release_pages
 from .config import ModelConfig
 from .safetensors_io import SafetensorsFile
-from .tensor_names import HARMLESS_SUFFIXES, NORM_NAMES, check_tensor_set, expected_shapes
+from .tensor_names import (
+    HARMLESS_SUFFIXES, NORM_NAMES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, moe_prefix,
+)
 
 DTYPES = tuple(F.LOAD_DTYPES)  # what weights can be converted to at load (kernels.formats)
 GGUF_STORED = F.AS_STORED  # a GGUF file's tensors as stored
@@ -57,12 +59,20 @@ class LayerWeights:
     o: Linear  # (H, q_dim)
     attn_out_norm: np.ndarray | None  # (H,) on attention's output, before the residual add
     mlp_norm: np.ndarray | None  # (H,) before the MLP
-    gate: Linear  # (I, H)
-    up: Linear  # (I, H)
-    down: Linear  # (H, I)
+    gate: Linear | None  # (I, H); in a sparse layer the shared expert's, or None
+    up: Linear | None  # (I, H)
+    down: Linear | None  # (H, I)
     mlp_out_norm: np.ndarray | None  # (H,) on the MLP's output
     q_norm: np.ndarray | None = None  # (head_dim,) or (q_dim,): cfg.qk_norm
     k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,)
+    router: Linear | None = None  # a sparse layer's (E, H) router, float32; (E + 1, H) with the shared expert's gate last
+    experts: list[tuple[Linear, Linear, Linear]] = field(default_factory=list)  # each expert's (gate, up, down)
+
+    @property
+    def linears(self) -> list[Linear]:
+        """Every weight matrix of the layer."""
+        mlp = [m for m in (self.gate, self.up, self.down, self.router) if m is not None]
+        return [self.q, self.k, self.v, self.o, *mlp, *(m for expert in self.experts for m in expert)]
 
 
 @dataclass
@@ -89,7 +99,7 @@ class Weights:
         return frozenset(lin.format for lin in self._linears())
 
     def _linears(self):
-        return (self.embed, self.lm_head, *(m for L in self.layers for m in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)))
+        return (self.embed, self.lm_head, *(m for L in self.layers for m in L.linears))
 
     def _arrays(self):
         for lin in (self.embed, self.lm_head):
@@ -99,7 +109,7 @@ class Weights:
         yield self.norm
         for L in self.layers:
             yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm) if n is not None)
-            for lin in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down):
+            for lin in L.linears:
                 yield lin.w
                 if lin.scales is not None:
                     yield lin.scales
@@ -178,7 +188,7 @@ def load_checkpoint(
     if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
         # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
         cfg = replace(cfg, tie_word_embeddings=True)
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, "stacked" if any(name.endswith(STACKED_GATE_UP) for name in owner) else "per_expert")
     check_tensor_set(
         {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
         where=lambda name: owner[name].path if name in owner else source,
@@ -201,7 +211,17 @@ def load_checkpoint(
             return Linear(w, F.BY_NAME[F.LOAD_DTYPES[dtype]])
         return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
 
-    return cfg, assemble(cfg, dtype, shapes, matrix, vector)
+    def stacked(name: str) -> list[Linear]:
+        """A 3-D tensor (E, N, K) as E matrices: views of the mapped file, or each converted."""
+        f = owner[name]
+        stored, (E, N, Kdim) = f.tensors[name].dtype, f.tensors[name].shape
+        if check_finite:
+            require_finite(f.float32(name), f.path, name)
+        if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):
+            return [Linear(on_cache_lines(f.raw(name)[e]), F.BY_NAME[F.LOAD_DTYPES[dtype]]) for e in range(E)]
+        return [pack(lambda r0, r1, e=e: f.read_rows(name, e, e + 1)[0, r0:r1], (N, Kdim), dtype, f.path, f"{name}[{e}]") for e in range(E)]
+
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked)
 
 
 def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig, Weights]:
@@ -210,10 +230,10 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     from .gguf_file import GGUFModel
 
     model = GGUFModel(path)
-    cfg, shapes = model.cfg, expected_shapes(model.cfg)
+    cfg, shapes = model.cfg, model.expected
     as_stored = dtype == GGUF_STORED
     if as_stored:  # named after what the file holds: one format ("float32" for an F32 file), or "gguf"
-        stored = {F.BY_GGML_TYPE.get(model.ggml_type(name)) for name, shape in shapes.items() if len(shape) == 2}
+        stored = {F.BY_GGML_TYPE.get(model.ggml_type(name)) for name, shape in shapes.items() if len(shape) >= 2}
         dtype = {F.F32: "float32", F.BF16: "bfloat16"}.get(next(iter(stored)), GGUF_STORED) if len(stored) == 1 else GGUF_STORED
 
     def vector(name: str) -> np.ndarray:
@@ -238,13 +258,33 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
             return Linear(on_cache_lines(w), fmt)
         return runnable_blocks(w, fmt, group=may_group(name))
 
+    def stacked(name: str) -> list[Linear]:
+        """A 3-D tensor of experts (E, N, K) as E matrices: row blocks of the stored rows, each
+        run (or regrouped) as a 2-D matrix is; or dequantized and converted."""
+        E, N, Kdim = shapes[name]
+        if not as_stored:
+            w = model.float32(name).reshape(E * N, Kdim)
+            return [pack(lambda r0, r1, e=e: w[e * N + r0 : e * N + r1], (N, Kdim), dtype, path, f"{name}[{e}]", check_finite) for e in range(E)]
+        fmt = F.BY_GGML_TYPE.get(model.ggml_type(name))
+        if fmt is None:
+            raise CheckpointError(f"{path}: tensor {name!r} has ggml type {model.ggml_type(name)}, which minillm cannot run as stored; use --dtype float32")
+        if Kdim % fmt.block:
+            raise CheckpointError(f"{path}: tensor {name!r} rows of {Kdim} are not whole blocks of {fmt.block}; use --dtype float32")
+        if check_finite:
+            require_finite(model.float32(name), path, name)
+        rows = model.stored(name, as_bytes=fmt.is_gguf_blocks)
+        if not fmt.is_gguf_blocks:
+            return [Linear(on_cache_lines(rows[e * N : (e + 1) * N]), fmt) for e in range(E)]
+        group = not name.endswith("gate_up_proj.weight") or cfg.expert_intermediate_size % F.GROUP_ROWS == 0
+        return [runnable_blocks(rows[e * N : (e + 1) * N], fmt, group=group) for e in range(E)]
+
     def may_group(name: str) -> bool:
         """Whether a matrix may be regrouped (kernels.integer_products): in a fused matrix, only
         with every part whole groups of 16 rows."""
         parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,)}
         return all(n % F.GROUP_ROWS == 0 for n in parts.get(_matrix_kind(name), ()))
 
-    return cfg, assemble(cfg, dtype, shapes, matrix, vector)
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked)
 
 
 def _matrix_kind(name: str) -> str:
@@ -254,8 +294,9 @@ def _matrix_kind(name: str) -> str:
     return name
 
 
-def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector) -> Weights:
-    """Weights from a checked tensor source: matrix(name) -> Linear (without bias), vector(name) -> float32."""
+def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked=None) -> Weights:
+    """Weights from a checked tensor source: matrix(name) -> Linear (without bias), vector(name) ->
+    float32, stacked(name) -> a 3-D tensor's matrices (the experts of each, when shapes has them so)."""
 
     def norm(name: str | None) -> np.ndarray | None:
         if name is None or name + ".weight" not in shapes:
@@ -275,20 +316,54 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector) -> Weig
         p = f"model.layers.{i}."
         if cfg.fused_projections:  # Phi-3: row blocks of the fused matrices, views
             q, k, v = split_rows(linear(p + "self_attn.qkv_proj"), cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
-            gate, up = split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)
         else:
             q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
-            gate, up = linear(p + "mlp.gate_proj"), linear(p + "mlp.up_proj")
+        mlp: dict = {}
+        if cfg.layer_is_sparse(i):
+            mlp = _experts(cfg, i, shapes, linear, vector, stacked)
+        elif cfg.fused_projections:
+            mlp = dict(zip(("gate", "up"), split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)))
+        else:
+            mlp = dict(gate=linear(p + "mlp.gate_proj"), up=linear(p + "mlp.up_proj"))
+        if not cfg.layer_is_sparse(i):
+            mlp["down"] = linear(p + "mlp.down_proj")
         norms = {place: norm(p + name if name else None) for place, name in NORM_NAMES[cfg.norm_placement].items()}
         layers.append(
             LayerWeights(
-                q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"), gate=gate, up=up, down=linear(p + "mlp.down_proj"),
-                q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms,
+                q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),
+                q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms, **mlp,
             )
         )
     embed = linear("model.embed_tokens")
     lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
+
+
+def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked) -> dict:
+    """A sparse layer's LayerWeights fields: the router (float32, so every precision routes as
+    transformers does; the shared expert's gate as its last row), the experts (from any of
+    tensor_names.EXPERT_LAYOUTS), and the shared expert as the layer's gate, up and down (None
+    without one)."""
+    moe = moe_prefix(cfg, i, stacked=moe_prefix(cfg, i) + "gate.weight" not in shapes)
+    router = vector(moe + "gate.weight")
+    shared = dict(gate=None, up=None, down=None)
+    if cfg.shared_expert_intermediate_size:
+        router = np.concatenate([router, vector(moe + "shared_expert_gate.weight")])
+        shared = {kind: linear(moe + f"shared_expert.{kind}_proj") for kind in ("gate", "up", "down")}
+    I = cfg.expert_intermediate_size
+    if moe + STACKED_GATE_UP in shapes:  # transformers 5
+        experts = [(*split_rows(gu, I, I), down) for gu, down in zip(stacked(moe + STACKED_GATE_UP), stacked(moe + STACKED_DOWN))]
+    elif moe + STACKED_GATE_UP + ".weight" in shapes:  # llama.cpp, fused
+        gate_ups = stacked(moe + STACKED_GATE_UP + ".weight")
+        experts = [(*split_rows(gu, I, I), down) for gu, down in zip(gate_ups, stacked(moe + STACKED_DOWN + ".weight"))]
+    elif moe + "experts.gate_proj.weight" in shapes:  # llama.cpp
+        experts = list(zip(*(stacked(moe + f"experts.{kind}_proj.weight") for kind in ("gate", "up", "down"))))
+    else:
+        experts = [tuple(linear(expert_matrix(cfg, i, e, kind)[: -len(".weight")]) for kind in ("gate", "up", "down"))
+                   for e in range(cfg.num_experts)]
+    w = aligned_empty(router.shape, np.float32)
+    w[...] = router
+    return dict(router=Linear(w, F.F32), experts=experts, **shared)
 
 
 def split_rows(lin: Linear, *sizes: int) -> list[Linear]:

@@ -15,14 +15,22 @@ from ..errors import ConfigError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
     "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+    "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
 )
+# Mixtures of experts: each token's MLP is the weighted sum of the experts its router picks.
+#   router: softmax over every expert's logit, then the top k ("norm_topk_prob": the k weights
+#   renormalised to sum to 1; Mixtral always does); Qwen2-MoE adds a shared expert scaled by the
+#   sigmoid of its own gate. Dense layers among sparse ones: Qwen's mlp_only_layers and
+#   decoder_sparse_step.
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # What sets each architecture apart, as transformers builds it (its modeling_*.py):
 #   norm placement: "pre" h = x + attn(norm(x)); "post" (OLMo 2) h = x + norm(attn(x));
 #   "sandwich" (Gemma 3) h = x + norm(attn(norm(x))), and the same around the MLP.
 #   q/k norm: RMSNorm of q and k before RoPE, per head ("head") or over the whole projection.
 NORM_PLACEMENT = {"Olmo2ForCausalLM": "post", "Gemma2ForCausalLM": "sandwich", "Gemma3ForCausalLM": "sandwich"}
-QK_NORM = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Olmo2ForCausalLM": "projection"}
+QK_NORM = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Olmo2ForCausalLM": "projection",
+           "Qwen3MoeForCausalLM": "head", "OlmoeForCausalLM": "projection"}
 DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256, "Gemma3ForCausalLM": 256}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 DEFAULT_CONTEXT = 4096
@@ -80,6 +88,12 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its -1/2 power, not head_dim's
     attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    num_experts: int = 0  # experts per sparse layer (MOE_ARCHITECTURES); 0: a dense model
+    experts_per_token: int = 0  # the router's top k
+    expert_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # the top k weights renormalised to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert; 0: none
+    sparse_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is the experts; () none
 
     # Derived sizes, named as the forward pass uses them.
     @property
@@ -104,6 +118,16 @@ class ModelConfig:
         """Keys layer i attends to before each query's own position, plus one: 0 for all of them."""
         sliding = self.layer_types and self.layer_types[i] == "sliding_attention"
         return self.sliding_window if sliding else 0
+
+    def layer_is_sparse(self, i: int) -> bool:
+        """Whether layer i's MLP is a mixture of experts (else the dense MLP of intermediate_size)."""
+        return bool(self.sparse_layers) and self.sparse_layers[i]
+
+    @property
+    def widest_mlp(self) -> int:
+        """The widest MLP intermediate of any layer, dense, expert or shared expert."""
+        dense = any(not self.layer_is_sparse(i) for i in range(self.num_hidden_layers))
+        return max(self.intermediate_size if dense else 0, self.expert_intermediate_size, self.shared_expert_intermediate_size)
 
     @property
     def widest_window(self) -> int:
@@ -189,13 +213,7 @@ class ModelConfig:
         layers = fields.positive_int("num_hidden_layers")
         sliding, layer_types, rope_layers = _layer_kinds(raw, arch, layers, source)
 
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_ids):
-            raise ConfigError(f"{source}: field 'eos_token_id' must be an integer or a list of integers")
-        bos = raw.get("bos_token_id")
-        if bos is not None and (not isinstance(bos, int) or isinstance(bos, bool)):
-            raise ConfigError(f"{source}: field 'bos_token_id' must be an integer")
+        bos, eos_ids = _special_tokens(raw, source)
 
         return cls(
             architecture=arch,
@@ -211,8 +229,9 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=scaling,
             tie_word_embeddings=fields.boolean("tie_word_embeddings", default=False),
-            attention_bias=arch not in ("Qwen2ForCausalLM", "Phi3ForCausalLM") and fields.boolean("attention_bias", default=False),
-            qkv_bias=arch == "Qwen2ForCausalLM",
+            attention_bias=arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM")
+            and fields.boolean("attention_bias", default=False),
+            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and fields.boolean("qkv_bias", default=True)),
             mlp_bias=arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM") and fields.boolean("mlp_bias", default=False),
             sliding_window=sliding,
             bos_token_id=bos,
@@ -222,7 +241,20 @@ class ModelConfig:
             local_rope=local_rope,
             hidden_act=act,
             **_variant(arch, fields, hidden),
+            **_experts(raw, arch, fields, layers, source),
         )
+
+
+def _special_tokens(raw: dict, source: str) -> tuple[int | None, tuple[int, ...]]:
+    """bos_token_id, and eos_token_id as a tuple (config.json has one id or a list)."""
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_ids):
+        raise ConfigError(f"{source}: field 'eos_token_id' must be an integer or a list of integers")
+    bos = raw.get("bos_token_id")
+    if bos is not None and (not isinstance(bos, int) or isinstance(bos, bool)):
+        raise ConfigError(f"{source}: field 'bos_token_id' must be an integer")
+    return bos, eos_ids
 
 
 class _Fields:
@@ -356,13 +388,49 @@ def _variant(arch: str, fields: "_Fields", hidden: int) -> dict:
     )
 
 
+def _experts(raw: dict, arch: str, fields: "_Fields", layers: int, source: str) -> dict:
+    """The ModelConfig fields of a mixture of experts, as transformers reads them; {} for a dense model."""
+    if arch not in MOE_ARCHITECTURES:
+        return {}
+    count_field = "num_local_experts" if arch == "MixtralForCausalLM" or "num_experts" not in raw else "num_experts"
+    experts = fields.positive_int(count_field)
+    top_k = fields.positive_int("num_experts_per_tok", default=2 if arch == "MixtralForCausalLM" else None)
+    if top_k > experts:
+        raise ConfigError(f"{source}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
+    qwen = arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+    sparse = [True] * layers
+    if qwen:  # transformers: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer
+        step = fields.positive_int("decoder_sparse_step", default=1)
+        dense = raw.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+            raise ConfigError(f"{source}: field 'mlp_only_layers' must be a list of layer indices")
+        sparse = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+    shared = fields.positive_int("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
+    return dict(
+        num_experts=experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=fields.positive_int("moe_intermediate_size") if qwen else fields.positive_int("intermediate_size"),
+        norm_topk_prob=True if arch == "MixtralForCausalLM" else fields.boolean("norm_topk_prob", default=False),
+        shared_expert_intermediate_size=shared,
+        sparse_layers=tuple(sparse),
+    )
+
+
 def _refuse_unsupported(raw: dict, arch: str, source: str) -> None:
     """Options of a supported architecture that we do not implement: an error naming the field."""
     if raw.get("use_bidirectional_attention"):
         raise ConfigError(f"{source}: field 'use_bidirectional_attention' is true; only causal attention is supported")
-    for field in ("num_experts", "num_local_experts", "vision_config"):
-        if raw.get(field):
-            raise ConfigError(f"{source}: field '{field}' is set; mixture-of-experts and vision models are not supported")
+    if raw.get("vision_config"):
+        raise ConfigError(f"{source}: field 'vision_config' is set; vision models are not supported")
+    if arch not in MOE_ARCHITECTURES:
+        for field in ("num_experts", "num_local_experts"):
+            if raw.get(field):
+                raise ConfigError(f"{source}: field '{field}' is set, but {arch} is a dense architecture; mixtures of experts: {', '.join(MOE_ARCHITECTURES)}")
+    if raw.get("clip_qkv") is not None:  # OLMoE
+        raise ConfigError(f"{source}: field 'clip_qkv' is set; clamping q, k and v is not supported")
+    for field in ("moe_layer_freq", "n_shared_experts", "first_k_dense_replace", "topk_method", "n_group", "scoring_func"):
+        if raw.get(field) is not None:  # other routers (DeepSeek's groups, sigmoid scoring, ..)
+            raise ConfigError(f"{source}: field '{field}' is set; this router is not supported")
 
 
 def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | None, tuple[str, ...], tuple[bool, ...]]:
@@ -371,7 +439,10 @@ def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | 
     window = raw.get("sliding_window")
     if arch == "MistralForCausalLM" and "sliding_window" not in raw:
         window = 4096  # MistralConfig's default
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM") and not raw.get("use_sliding_window"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM") and not raw.get("use_sliding_window"):
+        window = None
+    if arch == "OlmoeForCausalLM":  # OLMoE attends to every earlier key
+        window = None
         window = None
     if arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") and "sliding_window" not in raw:
         window = 4096
@@ -397,12 +468,15 @@ def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | 
         if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
             first = raw.get("max_window_layers", 28)
             types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        elif arch == "Qwen2MoeForCausalLM":  # Qwen2MoeConfig: every other layer below max_window_layers
+            first = raw.get("max_window_layers", 28)
+            types = ["sliding_attention" if (i + 1) % 2 and i < first else "full_attention" for i in range(layers)]
         elif arch == "SmolLM3ForCausalLM":
             types = ["full_attention" if rope_layers[i] else "sliding_attention" for i in range(layers)]
         elif arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
             pattern = raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-        else:  # Mistral, Phi-3: every layer
+        else:  # Mistral, Mixtral, Qwen3-MoE, Phi-3: every layer
             types = ["sliding_attention"] * layers
     if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
         raise ConfigError(f"{source}: field 'layer_types' must list one of {', '.join(LAYER_TYPES)} for each of the {layers} layers")

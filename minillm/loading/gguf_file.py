@@ -32,7 +32,13 @@ ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
+# llama.cpp writes Mixtral as "llama" with experts, and renormalises the top k weights of these
+# architectures by its own table unless the file says (expert_weights_norm)
+MOE_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False}
 # Tensors that hold RoPE settings rather than weights: read into the config.
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # ggml types that run on the float32 and bfloat16 kernels when a file holds nothing else
@@ -95,7 +101,8 @@ class GGUFModel:
             self.cfg = ModelConfig.from_dict(self.config, source=str(self.path))
         except ConfigError as e:
             raise GGUFError(str(e)) from None
-        expected = expected_shapes(self.cfg)
+        fused = any(t.name.endswith("ffn_gate_up_exps.weight") for t in self.layout.tensors)
+        expected = expected_shapes(self.cfg, expert_layout="gguf_fused" if fused else "gguf")
         to_gguf = gguf_names(self.arch, self.cfg.num_hidden_layers, expected)
         found = {}
         self.entries: dict[str, TensorEntry] = {}
@@ -106,8 +113,11 @@ class GGUFModel:
             if hf is None:
                 raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for {self.arch}")
             found[hf] = tuple(reversed(t.shape))  # GGUF lists dimensions innermost first
+            if hf.endswith("shared_expert_gate.weight") and len(t.shape) == 1:
+                found[hf] = (1, t.shape[0])  # llama.cpp keeps Qwen2-MoE's (1, H) gate as (H,)
             self.entries[hf] = t
         check_tensor_set(found, expected, self.cfg, where=lambda name: self.path, error=GGUFError)
+        self.expected = expected  # HF name -> shape
 
     @cached_property
     def _data(self) -> np.memmap:
@@ -140,6 +150,8 @@ class GGUFModel:
     def float32(self, hf_name: str) -> np.ndarray:
         """The tensor dequantized to float32 in HF's layout (gguf-py dequantizes the checked bytes)."""
         w = dequantized(self._raw(self.entries[hf_name]), self.entries[hf_name], self.path)
+        if hf_name.endswith("shared_expert_gate.weight"):
+            w = w.reshape(1, -1)
         if self.cfg.norm_offset and w.ndim == 1 and hf_name.endswith("norm.weight"):
             w = w - np.float32(1.0)  # the converter stored Gemma's norms as 1 + w
         return np.ascontiguousarray(self._unpermute(hf_name, w))
@@ -147,6 +159,7 @@ class GGUFModel:
     def stored(self, hf_name: str, as_bytes: bool = True) -> np.ndarray:
         """A 2-D tensor as stored, in HF row order: the raw bytes of each row, uint8 (N, bytes per
         row), or with as_bytes=False an F32 or BF16 tensor as float32 / bfloat16 bits (N, K).
+        A 3-D tensor (E, N, K: experts) comes as its E * N rows.
         A view of the memory map, except Llama's Q and K, whose rows are put back in HF order
         (a copy)."""
         t = self.entries[hf_name]
@@ -209,6 +222,8 @@ def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
     for hf in expected:
         base, suffix = hf.rsplit(".", 1)
         gguf = table.get_name(base)
+        if gguf is None and base.endswith(".mlp.experts.gate_up_proj"):  # newer than gguf-py's tables for these
+            gguf = f"blk.{base.split('.')[2]}.ffn_gate_up_exps"
         if gguf is not None:
             names[f"{gguf}.{suffix}"] = hf
     return names
@@ -225,8 +240,9 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
         head_dim = meta.typed(p + "rope.dimension_count", int) if arch == "llama" else None
     head_dim = head_dim or hidden // max(heads, 1)
     layers = meta.require(p + "block_count", int)
+    experts = meta.typed(p + "expert_count", int, 0)
     config = {
-        "architectures": [ARCHITECTURES[arch]],
+        "architectures": ["MixtralForCausalLM" if arch == "llama" and experts else ARCHITECTURES[arch]],
         "model_type": arch,
         "vocab_size": meta.typed(p + "vocab_size", int) or meta.count("tokenizer.ggml.tokens"),
         "hidden_size": hidden,
@@ -242,6 +258,8 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
         "pad_token_id": meta.typed("tokenizer.ggml.padding_token_id", int),
         "torch_dtype": "float32",
     }
+    if experts:
+        config.update(_experts(meta, p, arch, experts))
     rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         config["partial_rotary_factor"] = rope_dims / head_dim
@@ -254,6 +272,26 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
         if len(rope) > 1:
             config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return config
+
+
+def _experts(meta: Metadata, p: str, arch: str, experts: int) -> dict:
+    """A mixture of experts' config fields: llama.cpp's expert keys; every layer sparse, as
+    llama.cpp runs these architectures."""
+    if arch not in MOE_NORM_TOPK:
+        raise GGUFError(f"{meta.path}: metadata '{p}expert_count' is set; mixtures of experts run for {', '.join(MOE_NORM_TOPK)}")
+    gating = meta.typed(p + "expert_gating_func", int)
+    if gating not in (None, 1):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+        raise GGUFError(f"{meta.path}: metadata '{p}expert_gating_func' is {gating}; only the softmax router is supported")
+    out = {
+        "num_local_experts" if arch == "llama" else "num_experts": experts,
+        "num_experts_per_tok": meta.require(p + "expert_used_count", int),
+        "norm_topk_prob": bool(meta.typed(p + "expert_weights_norm", bool, MOE_NORM_TOPK[arch])),
+    }
+    if arch in ("qwen2moe", "qwen3moe"):
+        out["moe_intermediate_size"] = meta.require(p + "expert_feed_forward_length", int)
+    if arch == "qwen2moe":
+        out["shared_expert_intermediate_size"] = meta.require(p + "expert_shared_feed_forward_length", int)
+    return out
 
 
 def _end_tokens(meta: Metadata) -> int | list[int] | None:

@@ -18,9 +18,12 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import GGUFError
 from .gguf_file import GGUFModel, write_text_files
 from .safetensors_io import write_safetensors
+from .tensor_names import expert_matrix, moe_prefix
 
 TMP_PREFIX = ".importing-"
 
@@ -42,7 +45,7 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
         bar = _progress(len(model.entries), f"importing {gguf_path.name}" if progress else None)
         tensors = {}
         for name in model.entries:
-            tensors[name] = model.float32(name)
+            tensors.update(hub_tensors(model.cfg, name, model.float32(name)))
             bar.update(1)
         bar.close()
         write_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
@@ -61,6 +64,26 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def hub_tensors(cfg, name: str, w):
+    """{HF name: array} as checkpoints on the Hub store `name`: a mixture of experts' stacked
+    matrices (llama.cpp's ffn_*_exps) as one matrix per expert, under the architecture's prefix."""
+    parts = name.split(".")
+    if not cfg.num_experts or len(parts) < 5 or parts[3] != "mlp" or not cfg.layer_is_sparse(int(parts[2])):
+        return {name: w}
+    i = int(parts[2])
+    rest = ".".join(parts[4:])
+    if rest == "gate.weight":
+        return {moe_prefix(cfg, i) + rest: w}
+    if rest == "experts.gate_up_proj.weight":
+        I = cfg.expert_intermediate_size
+        return {expert_matrix(cfg, i, e, kind): np.ascontiguousarray(w[e, rows])
+                for e in range(w.shape[0]) for kind, rows in (("gate", slice(0, I)), ("up", slice(I, 2 * I)))}
+    if rest in ("experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight"):
+        kind = rest.split(".")[1][: -len("_proj")]
+        return {expert_matrix(cfg, i, e, kind): np.ascontiguousarray(w[e]) for e in range(w.shape[0])}
+    return {name: w}
 
 
 def _progress(total: int, desc: str | None):

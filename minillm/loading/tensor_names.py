@@ -21,8 +21,34 @@ NORM_NAMES = {
 }
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the config implies, by HF name."""
+# A mixture of experts' tensors under a sparse layer's prefix: the router, then each expert's
+# gate, up and down matrices, per expert (as checkpoints on the Hub store them) or stacked in 3-D
+# tensors (as transformers 5 holds them in memory, and some checkpoints store them).
+EXPERT_NAMES = {"MixtralForCausalLM": ("w1", "w3", "w2")}  # gate, up, down; others gate_proj, up_proj, down_proj
+STACKED_GATE_UP, STACKED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # (E, 2 I, H): gate rows then up; (E, H, I)
+
+
+def moe_prefix(cfg: ModelConfig, layer: int, stacked: bool = False) -> str:
+    """The HF name prefix of layer `layer`'s mixture of experts (transformers 5 names Mixtral's
+    `mlp` too, in the stacked layout)."""
+    mixtral = cfg.architecture == "MixtralForCausalLM" and not stacked
+    return f"model.layers.{layer}." + ("block_sparse_moe." if mixtral else "mlp.")
+
+
+def expert_matrix(cfg: ModelConfig, layer: int, expert: int, kind: str) -> str:
+    """The per-expert name of expert `expert`'s `kind` ("gate", "up" or "down") matrix in layer `layer`."""
+    names = EXPERT_NAMES.get(cfg.architecture, ("gate_proj", "up_proj", "down_proj"))
+    return moe_prefix(cfg, layer) + f"experts.{expert}.{names[('gate', 'up', 'down').index(kind)]}.weight"
+
+
+EXPERT_LAYOUTS = ("per_expert", "stacked", "gguf", "gguf_fused")
+
+
+def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict[str, tuple[int, ...]]:
+    """Every tensor the config implies, by HF name; a mixture of experts' matrices in one of
+    EXPERT_LAYOUTS: per expert, stacked as transformers 5 holds them (STACKED_GATE_UP,
+    STACKED_DOWN), or stacked as llama.cpp's converter writes them, named so that gguf-py's
+    tables map them (`mlp.experts.gate_proj.weight` .., or gate_up fused)."""
     H, I, V, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     if not cfg.tie_word_embeddings:
@@ -45,10 +71,36 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + f"self_attn.{name}_proj.weight"] = shape
             if cfg.attention_bias or (cfg.qkv_bias and name != "o"):
                 shapes[p + f"self_attn.{name}_proj.bias"] = shape[:1]
+        if cfg.layer_is_sparse(i):
+            shapes.update(_expert_shapes(cfg, i, expert_layout))
+            continue
         for name, shape in mlp.items():
             shapes[p + f"mlp.{name}_proj.weight"] = shape
             if cfg.mlp_bias:
                 shapes[p + f"mlp.{name}_proj.bias"] = shape[:1]
+    return shapes
+
+
+def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int, ...]]:
+    H, E, I = cfg.hidden_size, cfg.num_experts, cfg.expert_intermediate_size
+    moe = moe_prefix(cfg, i, stacked=layout != "per_expert")
+    shapes: dict[str, tuple[int, ...]] = {moe + "gate.weight": (E, H)}
+    if layout == "stacked":
+        shapes[moe + STACKED_GATE_UP] = (E, 2 * I, H)
+        shapes[moe + STACKED_DOWN] = (E, H, I)
+    elif layout == "gguf":
+        shapes.update({moe + "experts.gate_proj.weight": (E, I, H), moe + "experts.up_proj.weight": (E, I, H),
+                       moe + "experts.down_proj.weight": (E, H, I)})
+    elif layout == "gguf_fused":
+        shapes.update({moe + "experts.gate_up_proj.weight": (E, 2 * I, H), moe + "experts.down_proj.weight": (E, H, I)})
+    else:
+        for e in range(E):
+            shapes[expert_matrix(cfg, i, e, "gate")] = shapes[expert_matrix(cfg, i, e, "up")] = (I, H)
+            shapes[expert_matrix(cfg, i, e, "down")] = (H, I)
+    if cfg.shared_expert_intermediate_size:
+        S = cfg.shared_expert_intermediate_size
+        shapes.update({moe + "shared_expert.gate_proj.weight": (S, H), moe + "shared_expert.up_proj.weight": (S, H),
+                       moe + "shared_expert.down_proj.weight": (H, S), moe + "shared_expert_gate.weight": (1, H)})
     return shapes
 
 

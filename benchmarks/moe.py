@@ -1,0 +1,140 @@
+"""A mixture of experts, minillm against llama.cpp on the same GGUF files, side by side in one run.
+
+    python benchmarks/moe.py [--rounds 5] [--threads 2] [--files Q4_0,Q4_K_M]
+
+The shape is Qwen3-30B-A3B's with 16 layers and 64 experts: hidden 2048, 32 query heads and 4 KV
+heads of 128, 64 experts of intermediate 768, top 8 renormalised, vocabulary 49152 (the default
+model's tokenizer); ~5.3B parameters, ~0.5B of them active per token. Random bfloat16 weights are
+written as a Qwen3MoeForCausalLM checkpoint (one expert per tensor, as on the Hub), converted by
+llama.cpp's own convert_hf_to_gguf.py to a BF16 GGUF (experts stacked in ffn_*_exps), and
+quantized by llama.cpp's quantizer (llama_model_quantize) to each of --files.
+
+Each round runs minillm and llama.cpp alternately, each in a fresh process, 2 threads: prefill of
+512 tokens, and 128 decode steps after a 128-token prompt; minillm's peak RSS beside the file's
+size. Prints medians and ratios and writes benchmarks/moe_results.json.
+Benchmarks are not tests: nothing here runs under pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_vs_llamacpp import CACHE, ROOT, ensure_llama_cpp, machine, quantized, run_llama, run_minillm, to_gguf  # noqa: E402
+
+SHAPE = dict(H=2048, L=16, nh=32, nkv=4, hd=128, E=64, k=8, I=768, V=49152)
+
+
+def random_moe() -> Path:
+    """The random Qwen3-MoE checkpoint (bf16), written tensor by tensor (never 10 GB in memory)."""
+    import numpy as np
+
+    path = CACHE / "qwen3moe-random"
+    if (path / "config.json").exists():
+        return path
+    sys.path.insert(0, str(ROOT))
+    from minillm.loading.default_model import default_model_dir
+
+    s = SHAPE
+    H, L, nh, nkv, hd, E, I, V = s["H"], s["L"], s["nh"], s["nkv"], s["hd"], s["E"], s["I"], s["V"]
+    print(f"writing a random Qwen3-MoE checkpoint ({L} layers, {E} experts, bf16) ...", flush=True)
+    tmp = CACHE / "qwen3moe-random.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                   p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
+                   p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
+                   p + "mlp.gate.weight": (E, H)}
+        for e in range(E):
+            q = p + f"mlp.experts.{e}."
+            shapes |= {q + "gate_proj.weight": (I, H), q + "up_proj.weight": (I, H), q + "down_proj.weight": (H, I)}
+    rng = np.random.default_rng(0)
+
+    def bf16(name, shape):
+        if len(shape) == 1:  # norms: 1.0
+            return np.full(shape, 0x3F80, np.uint16)
+        w = (rng.standard_normal(shape, dtype=np.float32) * 0.02).view(np.uint32)
+        return ((w + 0x7FFF + ((w >> 16) & 1)) >> 16).astype(np.uint16)
+
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(tmp / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, shape in shapes.items():
+            f.write(bf16(name, shape).tobytes())
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": V, "hidden_size": H,
+        "intermediate_size": 6144, "moe_intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": nh,
+        "num_key_value_heads": nkv, "head_dim": hd, "num_experts": E, "num_experts_per_tok": s["k"], "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu", "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(default_model_dir() / name, tmp / name)
+    tmp.rename(path)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--files", default="Q4_0,Q4_K_M", help="llama.cpp quantization types, comma-separated")
+    ap.add_argument("--prepare", action="store_true", help="only write the checkpoint and the GGUF files")
+    args = ap.parse_args()
+    ensure_llama_cpp()
+    bf16 = to_gguf(random_moe(), "bf16")
+    files = {name: quantized(bf16, name) for name in args.files.split(",")}
+    if args.prepare:
+        return
+    samples: dict = {}
+    for r in range(args.rounds):
+        for name, path in files.items():
+            order = ["minillm", "llama.cpp"] if r % 2 == 0 else ["llama.cpp", "minillm"]
+            for engine in order:
+                run = run_minillm if engine == "minillm" else run_llama
+                args_ = (path, None) if engine == "minillm" else (path,)
+                a, b = run(*args_, 128, 128, args.threads), run(*args_, 512, 0, args.threads)
+                for key, value in (("decode128", a["decode_tok_s"]), ("prefill512", b["prefill_tok_s"]),
+                                   ("peak_rss_mb", max(a.get("peak_rss_mb", 0), b.get("peak_rss_mb", 0)))):
+                    samples.setdefault(f"{engine}/{name}/{key}", []).append(value)
+            print(f"round {r + 1}: {name} " + ", ".join(f"{k.split('/', 2)[0]} {k.rsplit('/', 1)[1]} {v[-1]:.1f}"
+                                                         for k, v in samples.items() if f"/{name}/" in k), flush=True)
+    table = {}
+    for name, path in files.items():
+        row = {}
+        for engine in ("minillm", "llama.cpp"):
+            for key in ("decode128", "prefill512", "peak_rss_mb"):
+                row[f"{engine} {key}"] = statistics.median(samples[f"{engine}/{name}/{key}"])
+        row["decode ratio"] = row["minillm decode128"] / row["llama.cpp decode128"]
+        row["prefill ratio"] = row["minillm prefill512"] / row["llama.cpp prefill512"]
+        row["file_mb"] = path.stat().st_size / 2**20
+        table[name] = row
+        print(f"{name}: decode {row['minillm decode128']:.2f} vs {row['llama.cpp decode128']:.2f} tok/s ({row['decode ratio']:.2f}x), "
+              f"prefill 512 {row['minillm prefill512']:.1f} vs {row['llama.cpp prefill512']:.1f} tok/s ({row['prefill ratio']:.2f}x), "
+              f"peak RSS {row['minillm peak_rss_mb']:.0f} MiB (llama.cpp {row['llama.cpp peak_rss_mb']:.0f}), file {row['file_mb']:.0f} MiB")
+    out = ROOT / "benchmarks" / "moe_results.json"
+    out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
+                               "rounds": args.rounds, "shape": SHAPE, "table": table, "samples": samples}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

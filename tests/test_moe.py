@@ -1,0 +1,293 @@
+"""Mixtures of experts against transformers on tiny random checkpoints: Mixtral, Qwen2-MoE (a
+shared expert), Qwen3-MoE and OLMoE, with dense layers among sparse ones; decode, batched decode
+and prefill bit for bit; the stacked expert layout; the other precisions; the errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hf_tiny import VOCAB, hf_logits, make_checkpoint
+
+from minillm.core.cache import KVPool
+from minillm.core.model import Model
+from minillm.errors import ConfigError
+from minillm.loading.config import ModelConfig
+
+TOKENS = np.random.default_rng(2).integers(0, VOCAB, size=40)
+
+CASES = {
+    # softmax router, top 2 renormalised; every layer sparse
+    "mixtral": dict(arch="mixtral", num_local_experts=6, num_experts_per_tok=2),
+    "mixtral-window": dict(arch="mixtral", num_local_experts=4, num_experts_per_tok=3, sliding_window=9, head_dim=8),
+    # top 3 without renormalising, a shared expert under its sigmoid gate, a dense layer (mlp_only_layers)
+    # and decoder_sparse_step 2 (odd layers only)
+    "qwen2_moe": dict(arch="qwen2_moe", num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=40, mlp_only_layers=[1]),
+    "qwen2_moe-step": dict(arch="qwen2_moe", num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                           shared_expert_intermediate_size=16, decoder_sparse_step=2, norm_topk_prob=True),
+    # q/k norm per head, renormalised top k, a dense layer wider than the experts
+    "qwen3_moe": dict(arch="qwen3_moe", num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      head_dim=16, mlp_only_layers=[0], norm_topk_prob=True),
+    # q/k norm over the whole projection, top 4 of 8 as they stand
+    "olmoe": dict(arch="olmoe", num_experts=8, num_experts_per_tok=4, intermediate_size=40),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    oracle = make_checkpoint(path, **CASES[request.param])
+    return request.param, path, oracle
+
+
+def _close(got, expected, name):
+    assert got.shape == expected.shape == (len(TOKENS), VOCAB)
+    assert np.abs(got - expected).max() <= 1e-4, name
+    assert ((got - expected) ** 2).mean() / expected.var() <= 1e-8, name
+    assert (got.argmax(-1) == expected.argmax(-1)).all(), name
+
+
+def test_logits_match_transformers(checkpoint):
+    name, path, oracle = checkpoint
+    model = Model.load(path)
+    assert model.config.num_experts > 0
+    _close(model.forward(TOKENS, model.new_cache(), all_logits=True), hf_logits(oracle, TOKENS), name)
+
+
+def test_the_router_really_chooses(checkpoint):
+    """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
+    name, path, oracle = checkpoint
+    cfg = ModelConfig.from_file(path / "config.json")
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe")))
+    chosen = set()
+    with torch.no_grad():
+        out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)
+    for logits in out.router_logits:
+        top = torch.topk(logits.float(), cfg.experts_per_token, dim=-1).indices
+        chosen |= set(top.flatten().tolist())
+    assert len(chosen) == cfg.num_experts
+
+
+@pytest.mark.parametrize("n_prefill", [1, 9])
+def test_prefill_then_decode_equals_full_forward(checkpoint, n_prefill):
+    _, path, _ = checkpoint
+    model = Model.load(path)
+    full = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:n_prefill], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[n_prefill:]]
+    np.testing.assert_array_equal(np.stack(steps), full[n_prefill - 1 :])
+
+
+def _batched_equals_alone(model):
+    prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
+    steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]
+    alone = []
+    for prompt, step in zip(prompts, steps):
+        cache = model.new_cache()
+        model.forward(prompt, cache)
+        alone.append(np.stack([model.forward([t], cache).copy() for t in step]))
+    pool = KVPool(model.config, model.ctx, 4)
+    held = [pool.acquire() for _ in prompts]
+    slots, caches = [s for s, _ in held], [c for _, c in held]
+    for prompt, cache in zip(prompts, caches):
+        model.forward(prompt, cache)
+    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
+    for b in range(len(prompts)):
+        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
+
+
+def test_batched_decode_is_bit_identical_to_alone(checkpoint):
+    """Beside other sequences each row takes its own experts and sums them in the same order."""
+    _batched_equals_alone(Model.load(checkpoint[1]))
+
+
+def test_a_step_mixing_prefill_and_decode_rows(checkpoint):
+    """A prefill chunk of one sequence beside a decode of another: the experts take rows of both."""
+    _, path, _ = checkpoint
+    model = Model.load(path)
+    ref = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    pool = KVPool(model.config, model.ctx, 2)
+    (s0, c0), (s1, _) = pool.acquire(), pool.acquire()
+    model.forward(TOKENS[:12], c0)
+    tokens = [TOKENS[12], *TOKENS[:20]]
+    logits = model.step(tokens, [12, *range(20)], [s0] + [s1] * 20, pool).copy()
+    np.testing.assert_array_equal(logits[0], ref[12])
+    np.testing.assert_array_equal(logits[1:], ref[:20])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q4_0"])
+def test_other_precisions(tmp_path, dtype):
+    """Experts converted like every matrix (the router stays float32): near float32's logits,
+    decode == prefill and batched == alone."""
+    # rows of whole Q4_0 blocks (32), expert matrices of whole groups of 16 rows
+    make_checkpoint(tmp_path, **{**CASES["qwen2_moe"], "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96,
+                                 "shared_expert_intermediate_size": 64})
+    exact = Model.load(tmp_path).forward(TOKENS, Model.load(tmp_path).new_cache(), all_logits=True)
+    model = Model.load(tmp_path, dtype=dtype)
+    low = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    assert ((low - exact) ** 2).mean() / exact.var() < (2e-2 if dtype == "q4_0" else 2e-3)
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:9], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[9:20]]
+    np.testing.assert_array_equal(np.stack(steps), low[8:20])
+    _batched_equals_alone(model)
+
+
+def test_stacked_expert_layout(tmp_path):
+    """Experts stored as transformers 5 holds them, 3-D gate_up_proj and down_proj under `mlp`
+    (some checkpoints ship so): the same logits as the per-expert files, at float32 and converted."""
+    from safetensors.torch import save_file
+
+    per_expert = tmp_path / "per_expert"
+    oracle = make_checkpoint(per_expert, **CASES["mixtral"])
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    state = {k: v.contiguous() for k, v in oracle.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, stacked / "model.safetensors")
+    (stacked / "config.json").write_text((per_expert / "config.json").read_text())
+    for dtype in ("float32", "int8"):
+        a = Model.load(per_expert, dtype=dtype)
+        b = Model.load(stacked, dtype=dtype)
+        np.testing.assert_array_equal(b.forward(TOKENS, b.new_cache(), all_logits=True), a.forward(TOKENS, a.new_cache(), all_logits=True))
+
+
+def test_the_engine_batches_them_as_any_model(tmp_path):
+    """Greedy and seeded requests decoded together with chunked prompts beside them and the
+    prefix cache on: each stream equal to the same request run alone."""
+    from minillm.core.engine import Engine
+    from minillm.core.sampling import SamplingParams
+    from minillm.options import Options
+
+    make_checkpoint(tmp_path, **CASES["qwen3_moe"])
+    model = Model.load(tmp_path)
+    requests = [(list(TOKENS[:8]), SamplingParams(temperature=0.0)), (list(TOKENS[5:30]), SamplingParams(temperature=0.8, seed=3)),
+                (list(TOKENS[:12]), SamplingParams(temperature=0.0))]
+
+    def run(engine, prompt, params):
+        return [(e.token, e.logprob) for e in engine.submit(prompt, params, 12, logprobs=1)]
+
+    alone = [run(Engine(model, Options(max_batch=1, cache_mb=0)), *r) for r in requests]
+    engine = Engine(model, Options(max_batch=3, cache_mb=8, prefill_chunk=4))
+    handles = [engine.submit(prompt, params, 12, logprobs=1) for prompt, params in requests]
+    together = [[(e.token, e.logprob) for e in h] for h in handles]
+    assert together == alone
+    assert run(engine, *requests[2]) == alone[2]  # a prefix cache hit
+
+
+def _config(tmp_path, **fields):
+    base = dict(architectures=["MixtralForCausalLM"], vocab_size=97, hidden_size=48, intermediate_size=72, num_hidden_layers=2,
+                num_attention_heads=6, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    base.update(fields)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base))
+    return path
+
+
+@pytest.mark.parametrize("fields,named", [
+    (dict(architectures=["GptOssForCausalLM"]), "architectures"),
+    (dict(architectures=["DeepseekV3ForCausalLM"]), "architectures"),
+    (dict(scoring_func="sigmoid"), "scoring_func"),
+    (dict(n_group=4), "n_group"),
+    (dict(num_experts_per_tok=5), "num_experts_per_tok"),
+    (dict(num_local_experts=0), "num_local_experts"),
+    (dict(architectures=["OlmoeForCausalLM"], num_experts=4, clip_qkv=8.0), "clip_qkv"),
+    (dict(architectures=["LlamaForCausalLM"]), "num_local_experts"),
+    (dict(architectures=["Qwen2MoeForCausalLM"], num_experts=4, moe_intermediate_size=8, mlp_only_layers="1"), "mlp_only_layers"),
+])
+def test_unsupported_moe_variants_name_the_field(tmp_path, fields, named):
+    with pytest.raises(ConfigError, match=named):
+        ModelConfig.from_file(_config(tmp_path, **fields))
+
+
+# ---------------------------------------------------------------- GGUF files, as llama.cpp's converter writes them
+
+# rows of whole blocks of 32 (experts 32 wide, hidden 64) and whole groups of 16 rows
+GGUF_SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+GGUF_CASES = {
+    "mixtral": dict(CASES["mixtral"], **GGUF_SHAPE),  # llama.cpp's "llama" with experts, Q/K rows permuted
+    "qwen2_moe": dict(arch="qwen2_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                      **GGUF_SHAPE),
+    "qwen3_moe": dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True,
+                      **GGUF_SHAPE),
+    "olmoe": dict(arch="olmoe", num_experts=8, num_experts_per_tok=4, **dict(GGUF_SHAPE, intermediate_size=32)),
+}
+
+
+@pytest.fixture(scope="module", params=list(GGUF_CASES))
+def gguf_case(request, tmp_path_factory):
+    from gguf_tiny import write_gguf
+
+    from minillm.loading.gguf_import import import_gguf
+
+    root = tmp_path_factory.mktemp("gguf-" + request.param)
+    oracle = make_checkpoint(root / "hf", **GGUF_CASES[request.param])
+    f32 = write_gguf(root / "hf", root / "f32.gguf")
+    import_gguf(f32, root / "imported", progress=False)
+    return request.param, root, oracle
+
+
+def test_gguf_runs_directly_and_imported_as_transformers(gguf_case):
+    """The same checkpoint written as GGUF by gguf-py (experts stacked in ffn_*_exps): the logits
+    of transformers, run directly and imported (one matrix per expert again)."""
+    name, root, oracle = gguf_case
+    expected = hf_logits(oracle, TOKENS)
+    direct = Model.load(root / "f32.gguf")
+    assert direct.config.num_experts > 0 and direct.config.architecture == oracle.config.architectures[0]
+    _close(direct.forward(TOKENS, direct.new_cache(), all_logits=True), expected, name)
+    imported = Model.load(root / "imported")
+    _close(imported.forward(TOKENS, imported.new_cache(), all_logits=True), expected, name)
+    assert any(".experts.0." in n for n in json.loads((root / "imported" / "model.safetensors").read_bytes()[8:][
+        : int.from_bytes((root / "imported" / "model.safetensors").read_bytes()[:8], "little")]))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "fused Q4_0"])
+def test_gguf_experts_as_stored(gguf_case, qtype):
+    """Experts in block formats run as stored (regrouped where they can be), near the same file
+    dequantized, with decode == prefill == batched decode; a fused ffn_gate_up_exps too."""
+    name, root, _ = gguf_case
+    _as_stored_near_dequantized(root, qtype, name)
+
+
+def _as_stored_near_dequantized(root, qtype, name):
+    from gguf import GGMLQuantizationType as QT
+    from gguf_tiny import write_gguf
+
+    from minillm.loading.gguf_import import import_gguf
+
+    kind = QT[qtype.split()[-1]]
+    path = write_gguf(root / "hf", root / f"{qtype}.gguf", qtype=lambda n: QT.Q6_K if kind == QT.Q4_K and "down" in n else kind,
+                      fuse_gate_up_exps=qtype.startswith("fused"))
+    model = Model.load(path)
+    assert model.dtype == "gguf" and {f.group_of or f.name for f in model.weights.formats} >= {qtype.split()[-1]}
+    got = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    import_gguf(path, root / f"{qtype}-imported", progress=False)
+    exact = Model.load(root / f"{qtype}-imported")
+    reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
+    scale = np.abs(reference).max(axis=-1, keepdims=True)
+    assert (np.abs(got - reference) <= 5e-3 * scale).all(), name
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:7], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[7:20]]
+    np.testing.assert_array_equal(np.stack(steps), got[6:20])
+    _batched_equals_alone(model)
+
+
+def test_gguf_k_quant_experts(tmp_path):
+    """Q4_K experts with Q6_K down projections (as llama.cpp's Q4_K_M), rows of whole 256 blocks."""
+    make_checkpoint(tmp_path / "hf", arch="qwen3_moe", hidden_size=256, intermediate_size=256, moe_intermediate_size=256, num_experts=4,
+                    num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2)
+    _as_stored_near_dequantized(tmp_path, "Q4_K", "qwen3_moe")
+
+
+def test_compare_per_layer_compares_the_routers(checkpoint):
+    """`compare --per-layer` on a mixture of experts: each sparse layer's choices against
+    transformers' router, every token the same experts."""
+    from minillm.compare import compare
+
+    name, path, oracle = checkpoint
+    model = Model.load(path)
+    result = compare(model, oracle, TOKENS[:24], per_layer=True)
+    routers = result["layers"]["routers"]
+    assert [r["layer"] for r in routers] == [i for i in range(model.config.num_hidden_layers) if model.config.layer_is_sparse(i)]
+    assert all(r["same_experts"] == 1.0 and r["same_choices"] == 1.0 for r in routers), routers
+    assert result["layers"]["first_divergence"] is None
