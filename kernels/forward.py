@@ -239,9 +239,7 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         if w.router[l] < 0:
             _mlp(FROM_XN, m + GATE, T, w, ws, state)
         else:
-            _experts(l, T, w, ws, state)
-            if rows.experts.shape[0] > 0:
-                _sorted_choices(rows.experts[l, :T], ws.chosen[:T])
+            _run(EXPERTS, False, w, ws, state)
         ws.params[P_ROWS] = T
         _row_step(RESIDUAL, MLP_PART, wide, w, ws, state)
         if capture:
@@ -537,6 +535,17 @@ def expert_linear_step(t, threads, state):
                     ws.claims[2 * j : 2 * j + 2], np.int64(t))
 
 
+def experts_step(t, threads, state):
+    """Layer ws.params[P_LAYER]'s mixture of experts over the step's rows (_experts), run on
+    this thread: its matrices run in parallel regions of their own. A step of its own, so a
+    dense model's forward pass never compiles it."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    _experts(l, T, w, ws, state)
+    if rows.experts.shape[0] > 0:
+        _sorted_choices(rows.experts[l, :T], ws.chosen[:T])
+
+
 def norm_step(t, threads, state):
     """Thread t's rows of xn = norm(x), the attention's or the MLP's norm (ws.params[P_WHICH])."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
@@ -626,8 +635,9 @@ def parallel_region(step, threads, state):
 # module: a first run of the default model compiled the forward pass in 15 s instead of 30
 # (2-core AVX2 machine).
 
-STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, expert_linear_step)
-LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERT_LINEAR = (_n(i) for i in range(len(STEPS)))
+STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step)
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR = (_n(i) for i in range(len(STEPS)))
+MOE_STEPS = (experts_step, expert_linear_step)  # compiled only for a mixture of experts
 PARALLEL_REGION = len(STEPS)
 
 
@@ -686,12 +696,13 @@ def _compile_step(step):
     return _compiled[step][1]
 
 
-def step_kernels(kv_format: str = "float32") -> np.ndarray:
+def step_kernels(kv_format: str = "float32", experts: bool = False) -> np.ndarray:
     """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
-    the first time on a machine, then loaded from Numba's cache)."""
+    the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
+    mixture of experts (else 0: never called)."""
     attention, qkv = KV_STEPS[kv_format]
     steps = [attention if step is attention_step else qkv if step is qkv_step else step for step in STEPS]
-    return np.array([_compile_step(step) for step in (*steps, parallel_region)], np.int64)
+    return np.array([0 if step in MOE_STEPS and not experts else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
 
 
 # ---------------------------------------------------------------- attention tasks and row spans

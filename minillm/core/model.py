@@ -215,7 +215,7 @@ class Model:
         assert state == K.forward_state_type, f"the forward pass's state has type {state}, not {K.forward_state_type}"
         kv = "" if self.kv_dtype == "float32" else f" ({self.kv_dtype} KV cache)"
         with CompileNotice(f"the forward pass{kv}", jobs=2) as notice:
-            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype)
+            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype, experts=self.config.num_experts > 0)
             notice.step()
             self._run(rows, k, k.copy())
             notice.step()
