@@ -547,8 +547,46 @@ def q6_k_parts(raw: np.ndarray):
     return levels, blocks[..., 192:208].view(np.int8), blocks[..., 208:210].copy().view(np.uint16)[..., 0]
 
 
+@kernel()
 def group_q6_k(out, w):
-    """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0."""
+    """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0. Per
+    group and super-block: the rows' d, their 16 scales as planes (plane sub: byte sub of every
+    row), then per sub-block of 16 weights three words of 64 bytes (levels' low nibbles of quads
+    0 | 1, of 2 | 3, their high two bits of all four); group_q6_k_reference is the same in NumPy."""
+    N, row_bytes = w.shape
+    blocks = row_bytes // Q6_K_BYTES
+    flat = out.reshape(N * row_bytes)
+    for g in prange(N // GROUP):
+        for r in range(GROUP):
+            n = g * GROUP + r
+            for k in range(blocks):
+                src = k * Q6_K_BYTES
+                at = g * GROUP * row_bytes + k * Q6_K_GROUP_BYTES
+                flat[at + 2 * r], flat[at + 2 * r + 1] = w[n, src + 208], w[n, src + 209]
+                for sub in range(16):
+                    flat[at + 32 + 16 * sub + r] = w[n, src + 192 + sub]
+                for sub in range(16):
+                    wb = at + Q6_K_WORDS_AT + 192 * sub + 4 * r
+                    for j in range(4):
+                        e = 16 * sub + j
+                        l0, l1 = _q6_level(w, n, src, e), _q6_level(w, n, src, e + 4)
+                        l2, l3 = _q6_level(w, n, src, e + 8), _q6_level(w, n, src, e + 12)
+                        flat[wb + j] = (l0 & 15) | ((l1 & 15) << 4)
+                        flat[wb + 64 + j] = (l2 & 15) | ((l3 & 15) << 4)
+                        flat[wb + 128 + j] = (l0 >> 4) | ((l1 >> 4) << 2) | ((l2 >> 4) << 4) | ((l3 >> 4) << 6)
+
+
+@njit(cache=True)
+def _q6_level(w, n, src, e):
+    """Level e (0..255, 0..63) of the Q6_K super-block at w[n, src:] (ggml's dequantize_row_q6_K)."""
+    h, m, i = e // 128, (e % 128) // 32, e % 32
+    low = np.int64(w[n, src + 64 * h + 32 * (m & 1) + i])
+    low = (low >> 4) if m >= 2 else (low & 15)
+    return low | (((np.int64(w[n, src + 128 + 32 * h + i]) >> (2 * m)) & 3) << 4)
+
+
+def group_q6_k_reference(out, w):
+    """group_q6_k in NumPy (tests)."""
     N = w.shape[0]
     G = N // GROUP
     levels, scales, d = q6_k_parts(w)
@@ -648,8 +686,37 @@ def q4_k_parts(raw: np.ndarray):
     return levels, sc, mn, d, dmin
 
 
+@kernel()
 def group_q4_k(out, w):
-    """out = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16 (same shape): N % 16 == 0."""
+    """out = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16 (same shape): N % 16 == 0. Per group
+    and super-block: the rows' d and dmin, their 12 bytes of scales as planes, then per sub-block
+    of 32 weights 256 bytes, byte (o, row, j) holding levels 4o + j and 16 + 4o + j; see
+    group_q4_k_reference, the same in NumPy."""
+    N, row_bytes = w.shape
+    blocks = row_bytes // Q4_K_BYTES
+    flat = out.reshape(N * row_bytes)
+    for g in prange(N // GROUP):
+        for r in range(GROUP):
+            n = g * GROUP + r
+            for k in range(blocks):
+                src = k * Q4_K_BYTES
+                at = g * GROUP * row_bytes + k * Q4_K_GROUP_BYTES
+                flat[at + 2 * r], flat[at + 2 * r + 1] = w[n, src], w[n, src + 1]
+                flat[at + 32 + 2 * r], flat[at + 33 + 2 * r] = w[n, src + 2], w[n, src + 3]
+                for j in range(12):
+                    flat[at + Q4_K_PLANES_AT + 16 * j + r] = w[n, src + 4 + j]
+                for sub in range(8):  # levels 32 sub.. are nibble sub % 2 of bytes 32 (sub // 2)..
+                    q, shift = src + 16 + 32 * (sub // 2), 4 * (sub % 2)
+                    wb = at + Q4_K_WORDS_AT + 256 * sub + 4 * r
+                    for o in range(4):
+                        for j in range(4):
+                            lo = (w[n, q + 4 * o + j] >> shift) & 15
+                            hi = (w[n, q + 16 + 4 * o + j] >> shift) & 15
+                            flat[wb + 64 * o + j] = lo | (hi << 4)
+
+
+def group_q4_k_reference(out, w):
+    """group_q4_k in NumPy (tests)."""
     N = w.shape[0]
     G = N // GROUP
     levels, _, _, d, dmin = q4_k_parts(w)
