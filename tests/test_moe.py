@@ -291,3 +291,46 @@ def test_compare_per_layer_compares_the_routers(checkpoint):
     assert [r["layer"] for r in routers] == [i for i in range(model.config.num_hidden_layers) if model.config.layer_is_sparse(i)]
     assert all(r["same_experts"] == 1.0 and r["same_choices"] == 1.0 for r in routers), routers
     assert result["layers"]["first_divergence"] is None
+
+
+@pytest.mark.slow  # a server
+def test_the_server_serves_a_mixture_of_experts(tmp_path):
+    """A tiny Qwen3-MoE GGUF (with its vocabulary) behind the OpenAI server: chat, a JSON schema,
+    a forced tool call, through the official client."""
+    import socket
+    import threading
+
+    import jsonschema
+    import openai
+    import uvicorn
+    from conftest import wait_until_healthy
+    from gguf_tiny import write_gguf
+
+    import minillm
+    from minillm.serving.server import create_app
+
+    # every byte a token (JSON can be written), room for the tools in the prompt
+    make_checkpoint(tmp_path / "hf", **dict(GGUF_CASES["qwen3_moe"], vocab_size=300, max_position_embeddings=2048))
+    llm = minillm.load(write_gguf(tmp_path / "hf", tmp_path / "moe.gguf"), progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(llm, "moe", "key"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        assert wait_until_healthy(f"http://127.0.0.1:{port}", 60)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="key", max_retries=0, timeout=60)
+        chat = dict(model="moe", messages=[{"role": "user", "content": "hi"}], temperature=0)
+        assert client.chat.completions.create(max_tokens=8, **chat).choices[0].message.content
+        # bounded values: a random model's integers could outrun max_tokens
+        schema = {"type": "object", "required": ["n"], "properties": {"n": {"enum": [1, 2, 3]}}, "additionalProperties": False}
+        reply = client.chat.completions.create(max_tokens=60, response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}, **chat)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+        tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "required": ["a"], "properties": {"a": {"enum": [1, 2]}},
+                                                                              "additionalProperties": False}}}
+        call = client.chat.completions.create(max_tokens=60, tools=[tool], tool_choice="required", **chat).choices[0].message.tool_calls[0]
+        assert call.function.name == "add" and json.loads(call.function.arguments)["a"] in (1, 2)
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
