@@ -173,6 +173,11 @@ def test_the_engine_batches_them_as_any_model(tmp_path):
     together = [[(e.token, e.logprob) for e in h] for h in handles]
     assert together == alone
     assert run(engine, *requests[2]) == alone[2]  # a prefix cache hit
+    # prompt lookup on a repeating prompt: verification rows of a mixture of experts, the same text
+    spec = Engine(model, Options(max_batch=2, cache_mb=0, speculative="ngram", spec_tokens=4))
+    repeating = [list(TOKENS[:10]) * 3, SamplingParams(temperature=0.0)]
+    assert run(spec, *repeating) == run(Engine(model, Options(max_batch=1, cache_mb=0)), *repeating)
+    assert spec.stats.spec_draft_tokens > 0
 
 
 def _config(tmp_path, **fields):
