@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hf_tiny import VOCAB, hf_logits, make_checkpoint
+from hf_tiny import VOCAB, assert_batched_decode_equals_alone, hf_logits, make_checkpoint
 
 from minillm.core.model import Model
 
@@ -141,25 +141,8 @@ BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "g
                          + [("gemma3", "int8"), ("gemma3", "bfloat16"), ("olmo2", "int8"), ("qwen3-window", "bfloat16")])
 def test_batched_decode_is_bit_identical_to_alone(tmp_path, dtype, case):
     """Sequences of different lengths decoded together give exactly what each gives alone."""
-    from minillm.core.cache import KVPool
-
     make_checkpoint(tmp_path, **BATCH_CASES[case])
-    model = Model.load(tmp_path, dtype=dtype)
-    prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
-    steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]
-    alone = []
-    for prompt, step in zip(prompts, steps):
-        cache = model.new_cache()
-        model.forward(prompt, cache)
-        alone.append(np.stack([model.forward([t], cache).copy() for t in step]))
-    pool = KVPool(model.config, model.ctx, 4)
-    held = [pool.acquire() for _ in prompts]
-    slots, caches = [s for s, _ in held], [c for _, c in held]
-    for prompt, cache in zip(prompts, caches):
-        model.forward(prompt, cache)
-    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
-    for b in range(len(prompts)):
-        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
+    assert_batched_decode_equals_alone(Model.load(tmp_path, dtype=dtype), TOKENS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])

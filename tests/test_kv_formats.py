@@ -7,10 +7,9 @@ import numba
 import numpy as np
 import pytest
 import torch
-from hf_tiny import VOCAB, make_checkpoint
+from hf_tiny import VOCAB, assert_batched_decode_equals_alone, make_checkpoint
 
 from minillm import kernels as K
-from minillm.core.cache import KVPool
 from minillm.core.model import Model
 from minillm.errors import ConfigError, UsageError
 
@@ -142,22 +141,7 @@ def test_decode_batched_and_prefill_agree_bit_for_bit_at_every_kv_dtype(tiny, kv
     cache = model.new_cache()
     steps = [model.forward(TOKENS[:9], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[9:30]]
     np.testing.assert_array_equal(np.stack(steps), full[8:30])
-    # beside other sequences, in one step each
-    prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
-    steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]
-    alone = []
-    for prompt, step in zip(prompts, steps):
-        c = model.new_cache()
-        model.forward(prompt, c)
-        alone.append(np.stack([model.forward([t], c).copy() for t in step]))
-    pool = KVPool(model.config, model.ctx, 4, model.kv_format)
-    held = [pool.acquire() for _ in prompts]
-    slots, caches = [s for s, _ in held], [c for _, c in held]
-    for prompt, c in zip(prompts, caches):
-        model.forward(prompt, c)
-    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
-    for b in range(len(prompts)):
-        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
+    assert_batched_decode_equals_alone(model, TOKENS)  # beside other sequences, in one step each
 
 
 @pytest.mark.parametrize("kv_dtype", FORMATS[1:])

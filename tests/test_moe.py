@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_tiny import VOCAB, hf_logits, make_checkpoint
+from hf_tiny import VOCAB, assert_batched_decode_equals_alone, hf_logits, make_checkpoint
 
 from minillm.core.cache import KVPool
 from minillm.core.model import Model
@@ -79,27 +79,9 @@ def test_prefill_then_decode_equals_full_forward(checkpoint, n_prefill):
     np.testing.assert_array_equal(np.stack(steps), full[n_prefill - 1 :])
 
 
-def _batched_equals_alone(model):
-    prompts = [TOKENS[:5], TOKENS[3:20], TOKENS[10:11]]
-    steps = [TOKENS[20:26], TOKENS[26:32], TOKENS[32:38]]
-    alone = []
-    for prompt, step in zip(prompts, steps):
-        cache = model.new_cache()
-        model.forward(prompt, cache)
-        alone.append(np.stack([model.forward([t], cache).copy() for t in step]))
-    pool = KVPool(model.config, model.ctx, 4)
-    held = [pool.acquire() for _ in prompts]
-    slots, caches = [s for s, _ in held], [c for _, c in held]
-    for prompt, cache in zip(prompts, caches):
-        model.forward(prompt, cache)
-    together = [model.decode_batch([s[i] for s in steps], caches, slots, pool).copy() for i in range(len(steps[0]))]
-    for b in range(len(prompts)):
-        np.testing.assert_array_equal(np.stack([t[b] for t in together]), alone[b])
-
-
 def test_batched_decode_is_bit_identical_to_alone(checkpoint):
     """Beside other sequences each row takes its own experts and sums them in the same order."""
-    _batched_equals_alone(Model.load(checkpoint[1]))
+    assert_batched_decode_equals_alone(Model.load(checkpoint[1]), TOKENS)
 
 
 def test_a_step_mixing_prefill_and_decode_rows(checkpoint):
@@ -130,7 +112,7 @@ def test_other_precisions(tmp_path, dtype):
     cache = model.new_cache()
     steps = [model.forward(TOKENS[:9], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[9:20]]
     np.testing.assert_array_equal(np.stack(steps), low[8:20])
-    _batched_equals_alone(model)
+    assert_batched_decode_equals_alone(model, TOKENS)
 
 
 def test_stacked_expert_layout(tmp_path):
@@ -274,7 +256,7 @@ def _as_stored_near_dequantized(root, qtype, name):
     cache = model.new_cache()
     steps = [model.forward(TOKENS[:7], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[7:20]]
     np.testing.assert_array_equal(np.stack(steps), got[6:20])
-    _batched_equals_alone(model)
+    assert_batched_decode_equals_alone(model, TOKENS)
 
 
 def test_gguf_k_quant_experts(tmp_path):
