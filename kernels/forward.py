@@ -153,7 +153,7 @@ class Workspace(NamedTuple):
     moe: np.ndarray  # (R, H) the routed experts' weighted sum
     xe: np.ndarray  # (R k, H) the rows each chosen expert runs, gathered from xn expert by expert; then their outputs
     route: np.ndarray  # (R, E + 1) the router's logits, then probabilities; the shared expert's gate last
-    chosen: np.ndarray  # (R, k) int64: each row's experts
+    chosen: np.ndarray  # (R, k) int64: each row's experts, ascending
     chosen_weight: np.ndarray  # (R, k) float32: their weights
     place: np.ndarray  # (R, k) int64: the row of xe that holds each choice
     jobs: np.ndarray  # (2 E, 4) int64: the expert matrices a step runs: matrix, first row of xe, rows, output (JOB_*)
@@ -290,10 +290,7 @@ def _experts(l, T, w, ws, state):
     for t in range(T):
         for c in range(moe.shape[1]):
             moe[t, c] = 0
-        last = -1
-        for _ in range(k):  # ascending expert order
-            j = _next_choice(ws.chosen[t], last)
-            last = ws.chosen[t, j]
+        for j in range(k):  # ascending expert order (_route)
             weight, src = ws.chosen_weight[t, j], ws.place[t, j]
             for c in range(moe.shape[1]):
                 moe[t, c] += ws.xe[src, c] * weight
@@ -315,47 +312,17 @@ def _experts(l, T, w, ws, state):
 def _expert_linear(source, n, w, ws, state):
     """The n expert jobs of ws.jobs in one parallel region (expert_linear_step), their input
     (source: xe, or the gate rows) prepared once for all of them per Operand."""
-    p = ws.params
-    p[P_WHICH] = source
-    R = p[P_ROWS]
-    done = 0
-    for j in range(n):
-        op = w.operand[ws.jobs[j, 0]]
-        if op != Operand.FLOAT32 and not (done >> op) & 1:
-            p[P_COUNT] = op
-            _run(PREPARE, R >= PARALLEL_ROWS, w, ws, state)
-            done |= 1 << op
-    p[P_COUNT] = n
-    for j in range(n):
-        start_claims(ws.claims[2 * j : 2 * j + 2], (w.matrices[ws.jobs[j, 0], 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, ws.claims.shape[1])
+    ws.params[P_WHICH] = source
+    _prepare_and_claim(ws.jobs[:, 0], n, w, ws, state)
     _run(EXPERT_LINEAR, ALWAYS, w, ws, state)
-
-
-@njit(cache=True, _nrt=False)
-def _sorted_choices(out, chosen):
-    """Each row's chosen experts, ascending (compare --per-layer)."""
-    for t in range(chosen.shape[0]):
-        last = -1
-        for j in range(chosen.shape[1]):
-            last = chosen[t, _next_choice(chosen[t], last)]
-            out[t, j] = last
-
-
-@njit(cache=True, _nrt=False)
-def _next_choice(ids, last):
-    """The index in ids of the smallest expert above `last`."""
-    best = -1
-    for j in range(ids.shape[0]):
-        if ids[j] > last and (best < 0 or ids[j] < ids[best]):
-            best = j
-    return best
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _route(route, E, chosen, chosen_weight, norm_topk):
     """Each row's top k experts by softmax probability over the E logits in route[t, :E] (ties
     to the lower index), their probabilities renormalised to sum to 1 when norm_topk, as
-    transformers' routers. route[t, :E] becomes the probabilities."""
+    transformers' routers; then held in ascending expert order, the order a row sums them in.
+    route[t, :E] becomes the probabilities."""
     k = chosen.shape[1]
     for t in range(route.shape[0]):
         p = route[t, :E]
@@ -379,6 +346,12 @@ def _route(route, E, chosen, chosen_weight, norm_topk):
         if norm_topk:
             for j in range(k):
                 chosen_weight[t, j] /= kept
+        for j in range(1, k):  # insertion sort by expert
+            e, weight, i = chosen[t, j], chosen_weight[t, j], j
+            while i > 0 and chosen[t, i - 1] > e:
+                chosen[t, i], chosen_weight[t, i] = chosen[t, i - 1], chosen_weight[t, i - 1]
+                i -= 1
+            chosen[t, i], chosen_weight[t, i] = e, weight
 
 
 @njit(cache=True, _nrt=False)
@@ -452,19 +425,27 @@ def _linear_step(source, n, m0, m1, m2, target, w, ws, state):
     once per Operand they read it as, then one parallel region runs them all, each matrix by its
     format's kernel."""
     p = ws.params
-    p[P_WHICH], p[P_COUNT], p[P_MATRIX], p[P_MATRIX + 1], p[P_MATRIX + 2], p[P_OUTPUT] = source, n, m0, m1, m2, target
-    T = p[P_ROWS]
+    p[P_WHICH], p[P_MATRIX], p[P_MATRIX + 1], p[P_MATRIX + 2], p[P_OUTPUT] = source, m0, m1, m2, target
+    _prepare_and_claim(p[P_MATRIX : P_MATRIX + 3], n, w, ws, state)
+    _run(LINEAR, ALWAYS, w, ws, state)
+
+
+@njit(cache=True, _nrt=False)
+def _prepare_and_claim(matrices, n, w, ws, state):
+    """Before a parallel region runs the n matrices matrices[:n] over the step's input
+    (ws.params[P_WHICH], P_ROWS rows): the input prepared once per Operand they read it as, each
+    matrix's tasks made claimable from claims[2j:2j + 2]; ws.params[P_COUNT] = n."""
+    p = ws.params
     done = 0  # bit op: Operand op is prepared
     for j in range(n):
-        op = w.operand[p[P_MATRIX + j]]
+        op = w.operand[matrices[j]]
         if op != Operand.FLOAT32 and not (done >> op) & 1:
-            p[P_COUNT] = op  # the prepare step reads the Operand here; the count is restored below
-            _run(PREPARE, T >= PARALLEL_ROWS, w, ws, state)
-            p[P_COUNT] = n
+            p[P_COUNT] = op  # the prepare step reads the Operand here; the count is set below
+            _run(PREPARE, p[P_ROWS] >= PARALLEL_ROWS, w, ws, state)
             done |= 1 << op
+    p[P_COUNT] = n
     for j in range(n):
-        start_claims(ws.claims[2 * j : 2 * j + 2], (w.matrices[p[P_MATRIX + j], 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, ws.claims.shape[1])
-    _run(LINEAR, ALWAYS, w, ws, state)
+        start_claims(ws.claims[2 * j : 2 * j + 2], (w.matrices[matrices[j], 1] + ROWS_PER_TASK - 1) // ROWS_PER_TASK, ws.claims.shape[1])
 
 
 # ---------------------------------------------------------------- the steps
@@ -543,7 +524,9 @@ def experts_step(t, threads, state):
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     _experts(l, T, w, ws, state)
     if rows.experts.shape[0] > 0:
-        _sorted_choices(rows.experts[l, :T], ws.chosen[:T])
+        for t in range(T):
+            for j in range(ws.chosen.shape[1]):
+                rows.experts[l, t, j] = ws.chosen[t, j]
 
 
 def norm_step(t, threads, state):
