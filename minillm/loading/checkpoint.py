@@ -275,13 +275,13 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
         rows = model.stored(name, as_bytes=fmt.is_gguf_blocks)
         if not fmt.is_gguf_blocks:
             return [Linear(on_cache_lines(rows[e * N : (e + 1) * N]), fmt) for e in range(E)]
-        group = not name.endswith("gate_up_proj.weight") or cfg.expert_intermediate_size % F.GROUP_ROWS == 0
-        return [runnable_blocks(rows[e * N : (e + 1) * N], fmt, group=group) for e in range(E)]
+        return [runnable_blocks(rows[e * N : (e + 1) * N], fmt, group=may_group(name)) for e in range(E)]
 
     def may_group(name: str) -> bool:
         """Whether a matrix may be regrouped (kernels.integer_products): in a fused matrix, only
         with every part whole groups of 16 rows."""
-        parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,)}
+        parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,),
+                 "mlp.experts.gate_up_proj.weight": (cfg.expert_intermediate_size,)}
         return all(n % F.GROUP_ROWS == 0 for n in parts.get(_matrix_kind(name), ()))
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked)
@@ -351,11 +351,10 @@ def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked) ->
         router = np.concatenate([router, vector(moe + "shared_expert_gate.weight")])
         shared = {kind: linear(moe + f"shared_expert.{kind}_proj") for kind in ("gate", "up", "down")}
     I = cfg.expert_intermediate_size
-    if moe + STACKED_GATE_UP in shapes:  # transformers 5
-        experts = [(*split_rows(gu, I, I), down) for gu, down in zip(stacked(moe + STACKED_GATE_UP), stacked(moe + STACKED_DOWN))]
-    elif moe + STACKED_GATE_UP + ".weight" in shapes:  # llama.cpp, fused
-        gate_ups = stacked(moe + STACKED_GATE_UP + ".weight")
-        experts = [(*split_rows(gu, I, I), down) for gu, down in zip(gate_ups, stacked(moe + STACKED_DOWN + ".weight"))]
+    fused = next((suffix for suffix in ("", ".weight") if moe + STACKED_GATE_UP + suffix in shapes), None)  # transformers 5's, llama.cpp's
+    if fused is not None:
+        pairs = zip(stacked(moe + STACKED_GATE_UP + fused), stacked(moe + STACKED_DOWN + fused))
+        experts = [(*split_rows(gate_up, I, I), down) for gate_up, down in pairs]
     elif moe + "experts.gate_proj.weight" in shapes:  # llama.cpp
         experts = list(zip(*(stacked(moe + f"experts.{kind}_proj.weight") for kind in ("gate", "up", "down"))))
     else:

@@ -49,6 +49,7 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
     EXPERT_LAYOUTS: per expert, stacked as transformers 5 holds them (STACKED_GATE_UP,
     STACKED_DOWN), or stacked as llama.cpp's converter writes them, named so that gguf-py's
     tables map them (`mlp.experts.gate_proj.weight` .., or gate_up fused)."""
+    assert expert_layout in EXPERT_LAYOUTS, expert_layout
     H, I, V, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     if not cfg.tie_word_embeddings:
