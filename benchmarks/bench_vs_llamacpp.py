@@ -362,8 +362,8 @@ def measure(shape: str, model_dir: Path, rows, rounds: int, threads: int) -> dic
                 add((engine, label, "prefill128"), a["prefill_tok_s"])
                 add((engine, label, "decode128"), a["decode_tok_s"])
                 add((engine, label, "prefill512"), b["prefill_tok_s"])
+                add((engine, label, "peak_rss_mb"), max(a["peak_rss_mb"], b["peak_rss_mb"]))
                 if engine == "minillm":
-                    add((engine, label, "peak_rss_mb"), max(a["peak_rss_mb"], b["peak_rss_mb"]))
                     add((engine, label, "weight_mb"), a["weight_mb"])
                     if ours != "dir":
                         add((engine, label, "file_mb"), files[ours].stat().st_size / 2**20)
@@ -437,6 +437,8 @@ def table(samples: dict, rows) -> dict:
         for key in ("peak_rss_mb", "weight_mb", "file_mb"):
             if ("minillm", label, key) in samples:
                 row[key] = statistics.median(samples[("minillm", label, key)])
+        if ("llama.cpp", label, "peak_rss_mb") in samples:
+            row["llama_cpp_peak_rss_mb"] = statistics.median(samples[("llama.cpp", label, "peak_rss_mb")])
         # Bytes read per decoded token are (about) the weights; tok/s x bytes = achieved bandwidth.
         weight_gb = row["weight_mb"] * 2**20 / 1e9
         row["decode_bandwidth_share"] = statistics.median(

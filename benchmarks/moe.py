@@ -9,9 +9,10 @@ written as a Qwen3MoeForCausalLM checkpoint (one expert per tensor, as on the Hu
 llama.cpp's own convert_hf_to_gguf.py to a BF16 GGUF (experts stacked in ffn_*_exps), and
 quantized by llama.cpp's quantizer (llama_model_quantize) to each of --files.
 
-Each round runs minillm and llama.cpp alternately, each in a fresh process, 2 threads: prefill of
-512 tokens, and 128 decode steps after a 128-token prompt; minillm's peak RSS beside the file's
-size. Prints medians and ratios and writes benchmarks/moe_results.json.
+The rounds are bench_vs_llamacpp.py's (`measure`): read bandwidth sampled, then minillm and
+llama.cpp alternately, each in a fresh process, 2 threads: prefill of 128 and 512 tokens, 128
+decode steps after a 128-token prompt, both engines' peak RSS. Prints medians and ratios (and the
+rounds minillm was ahead) and writes benchmarks/moe_results.json.
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -21,12 +22,11 @@ import argparse
 import datetime
 import json
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llamacpp import CACHE, ROOT, ensure_llama_cpp, machine, quantized, run_llama, run_minillm, to_gguf  # noqa: E402
+from bench_vs_llamacpp import CACHE, ROOT, ensure_llama_cpp, machine, measure, row_files, table  # noqa: E402
 
 SHAPE = dict(H=2048, L=16, nh=32, nkv=4, hd=128, E=64, k=8, I=768, V=49152)
 
@@ -101,39 +101,23 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true", help="only write the checkpoint and the GGUF files")
     args = ap.parse_args()
     ensure_llama_cpp()
-    bf16 = to_gguf(random_moe(), "bf16")
-    files = {name: quantized(bf16, name) for name in args.files.split(",")}
+    rows = [(f"{name} file, both", name, None, name) for name in args.files.split(",")]  # bench_vs_llamacpp's rows
+    model_dir = random_moe()
     if args.prepare:
+        row_files(model_dir, rows)  # converted to BF16, then quantized by llama.cpp
         return
-    samples: dict = {}
-    for r in range(args.rounds):
-        for name, path in files.items():
-            order = ["minillm", "llama.cpp"] if r % 2 == 0 else ["llama.cpp", "minillm"]
-            for engine in order:
-                run = run_minillm if engine == "minillm" else run_llama
-                args_ = (path, None) if engine == "minillm" else (path,)
-                a, b = run(*args_, 128, 128, args.threads), run(*args_, 512, 0, args.threads)
-                for key, value in (("decode128", a["decode_tok_s"]), ("prefill512", b["prefill_tok_s"]),
-                                   ("peak_rss_mb", max(a.get("peak_rss_mb", 0), b.get("peak_rss_mb", 0)))):
-                    samples.setdefault(f"{engine}/{name}/{key}", []).append(value)
-            print(f"round {r + 1}: {name} " + ", ".join(f"{k.split('/', 2)[0]} {k.rsplit('/', 1)[1]} {v[-1]:.1f}"
-                                                         for k, v in samples.items() if f"/{name}/" in k), flush=True)
-    table = {}
-    for name, path in files.items():
-        row = {}
-        for engine in ("minillm", "llama.cpp"):
-            for key in ("decode128", "prefill512", "peak_rss_mb"):
-                row[f"{engine} {key}"] = statistics.median(samples[f"{engine}/{name}/{key}"])
-        row["decode ratio"] = row["minillm decode128"] / row["llama.cpp decode128"]
-        row["prefill ratio"] = row["minillm prefill512"] / row["llama.cpp prefill512"]
-        row["file_mb"] = path.stat().st_size / 2**20
-        table[name] = row
-        print(f"{name}: decode {row['minillm decode128']:.2f} vs {row['llama.cpp decode128']:.2f} tok/s ({row['decode ratio']:.2f}x), "
-              f"prefill 512 {row['minillm prefill512']:.1f} vs {row['llama.cpp prefill512']:.1f} tok/s ({row['prefill ratio']:.2f}x), "
-              f"peak RSS {row['minillm peak_rss_mb']:.0f} MiB (llama.cpp {row['llama.cpp peak_rss_mb']:.0f}), file {row['file_mb']:.0f} MiB")
+    samples = measure("moe", model_dir, rows, args.rounds, args.threads)
+    result = table(samples, rows)
+    for label, *_ in rows:
+        row = result[label]
+        pre, dec = row["prefill512"], row["decode128"]
+        print(f"{label}: prefill 512 {pre['minillm']:.1f} vs {pre['llama.cpp']:.1f} tok/s ({pre['ratio']:.2f}x, ahead {pre['ahead']}/{pre['rounds']}), "
+              f"decode {dec['minillm']:.2f} vs {dec['llama.cpp']:.2f} ({dec['ratio']:.2f}x, ahead {dec['ahead']}/{dec['rounds']}), "
+              f"peak RSS {row['peak_rss_mb']:.0f} MiB (llama.cpp {row['llama_cpp_peak_rss_mb']:.0f}), file {row['file_mb']:.0f} MiB")
     out = ROOT / "benchmarks" / "moe_results.json"
     out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
-                               "rounds": args.rounds, "shape": SHAPE, "table": table, "samples": samples}, indent=2) + "\n")
+                               "rounds": args.rounds, "shape": SHAPE, "table": result,
+                               "samples": {"/".join(k): v for k, v in samples.items()}}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
