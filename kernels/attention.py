@@ -33,10 +33,11 @@ def kv_write(k_cache, v_cache, k, v, pos0):
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
-def attend(out, q, keys, values, n_keys, s, scale, softcap):
+def attend(out, q, keys, values, n_keys, s, scale, softcap, sinks):
     """R query heads that share one KV head (GQA), one query each: out, q (R * hd,) the heads side
     by side; per head, softmax(cap(keys[:n] q * scale)) values[:n], cap(z) = softcap * tanh(z /
-    softcap) when softcap > 0 (Gemma 2), z otherwise.
+    softcap) when softcap > 0 (Gemma 2), z otherwise. sinks: (R,) each head's sink logit, a term
+    of the softmax's denominator that weighs no value (gpt-oss), or (0,) for none.
 
     keys, values: (>= n_keys, stored row) of the KV head in its KV format (kernels.kv_rows), from
     the first key the queries see; s (R, >= n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
@@ -56,7 +57,7 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
     for r in range(R):
         for jj in range(j, n_keys):
             s[r, jj] = dot_chunks(q, r * hd, keys, jj * stride, hd)
-        _probabilities(s[r], q[r * hd : (r + 1) * hd], keys, n_keys, scale, softcap)
+        _probabilities(s[r], q[r * hd : (r + 1) * hd], keys, n_keys, scale, softcap, sinks, r)
     p_stride = s.strides[0] // s.itemsize
     r = 0
     while r < R:  # VALUE_HEADS heads per pass over the values
@@ -73,19 +74,20 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap):
 
 
 @kernel(parallel=False, fastmath=EXACT_MATH, refcounts=False)
-def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap):
+def _softmax_values(out, s, q, keys, values, n_keys, scale, softcap, sinks, h):
     """The rest of one head's attend once s[:n_keys] holds the scores' full-chunk sums: the
     probabilities (_probabilities), then the weighted values."""
-    _probabilities(s, q, keys, n_keys, scale, softcap)
+    _probabilities(s, q, keys, n_keys, scale, softcap, sinks, h)
     weighted_rows_1(out, 0, 0, s, 0, 0, values, 0, n_keys, values.shape[1], q.shape[0])  # values: (ctx, row) contiguous
     _tail_columns(out, s, values, n_keys)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _probabilities(s, q, keys, n_keys, scale, softcap):
+def _probabilities(s, q, keys, n_keys, scale, softcap, sinks, h):
     """s[:n_keys], the scores' full-chunk sums, into probabilities: their hd % 16 tails, the scale
-    (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does). The exp is plain
-    arithmetic (kernels.vector_math), so those loops vectorise."""
+    (and soft cap), softmax in float32 (exp(s - max) / sum, as torch does), with sinks[h] as one
+    more logit when there are sinks (gpt-oss: in the max and the sum, weighing no value). The
+    exp is plain arithmetic (kernels.vector_math), so those loops vectorise."""
     hd = q.shape[0]
     full = hd - hd % LANES
     if full < hd:
@@ -101,9 +103,13 @@ def _probabilities(s, q, keys, n_keys, scale, softcap):
     m = max_chunks(s, n_keys)  # in vectors: a running max is a serial chain
     for j in range(n_keys - n_keys % LANES, n_keys):
         m = max(m, s[j])
+    if sinks.shape[0] > 0:
+        m = max(m, sinks[h])
     for j in range(n_keys):
         s[j] = exp_f32(s[j] - m)
     norm = total(s, n_keys)
+    if sinks.shape[0] > 0:
+        norm += exp_f32(sinks[h] - m)
     for j in range(n_keys):
         s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
 
@@ -128,12 +134,12 @@ QUERIES_PER_TASK = 4
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, scale, softcap):
+def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, scale, softcap, sinks):
     """Up to 4 consecutive queries of head h, rows r0..r0+nq-1 of q (their head h at columns
     h hd..(h + 1) hd), at positions pos0.., into the same rows and columns of out: a prefill
     attention task. Their scores come from 4 x 4 register tiles, so each key is loaded once for
     four queries; scores rows row0.. are this task's scratch. Every score, and so every output,
-    equals what attend gives one query alone (the decode path), bit for bit."""
+    equals what attend gives one query alone (the decode path), bit for bit. sinks: (nh,) or (0,)."""
     hd = head_dim_of(keys)
     row = keys.shape[1]
     ctx = scores.shape[1]
@@ -150,18 +156,18 @@ def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, 
     for i in range(nq):
         j0 = first_key(pos0 + i, window)
         _softmax_values(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], q[r0 + i, lo : lo + hd], keys[j0:], values[j0:],
-                        pos0 + i + 1 - j0, scale, softcap)
+                        pos0 + i + 1 - j0, scale, softcap, sinks, h)
 
 
 @kernel(fastmath=EXACT_MATH)
-def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
+def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap, sinks):
     """out (T, nh * hd) = causal softmax attention of q (T, nh * hd) over one sequence's cache,
     the forward pass's prefill tasks (attend_queries) on their own.
 
     Query t sits at position p = pos0 + t and sees cache positions 0..p, or with a sliding
     window (window > 0) the last `window` of them, p - window + 1..p. Query head h reads
     KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
-    rows per thread.
+    rows per thread. sinks: (nh,) each head's sink logit (gpt-oss), or (0,).
     """
     nkv = k_cache.shape[0]
     hd = head_dim_of(k_cache[0])
@@ -173,7 +179,7 @@ def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap):
         h = task // n_blocks
         t0 = (task % n_blocks) * QUERIES_PER_TASK
         attend_queries(out, q, t0, min(QUERIES_PER_TASK, T - t0), h, k_cache[h // n_rep], v_cache[h // n_rep], pos0 + t0, window,
-                       scores, get_thread_id() * QUERIES_PER_TASK, scale, softcap)
+                       scores, get_thread_id() * QUERIES_PER_TASK, scale, softcap, sinks)
 
 
 @njit(cache=True, _nrt=False)

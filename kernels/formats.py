@@ -83,6 +83,7 @@ FORMATS = (
     WeightFormat("Q4_K", 12, np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, grouped="Q4_K_R16"),
     WeightFormat("Q5_K", 13, np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
     WeightFormat("Q6_K", 14, np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, grouped="Q6_K_R16"),
+    WeightFormat("MXFP4", 39, np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39),
     WeightFormat("Q4_0_R16", 1002, np.uint8, 32, 18, Operand.SPLIT_BYTES, "Q4_0 regrouped by 16 rows: integer dot products", group_of="Q4_0"),
     WeightFormat("Q5_0_R16", 1006, np.uint8, 32, 22, Operand.SPLIT_BYTES, "Q5_0 regrouped by 16 rows: integer dot products", group_of="Q5_0"),
     WeightFormat("Q8_0_R16", 1008, np.uint8, 32, 34, Operand.SPLIT_BYTES, "Q8_0 regrouped by 16 rows: integer dot products", group_of="Q8_0"),

@@ -124,12 +124,19 @@ class ModelWeights(NamedTuple):
     attn_scale: float  # attention scores are multiplied by it
     attn_softcap: float  # scores -> cap * tanh(scores / cap) when > 0
     final_softcap: float  # logits -> cap * tanh(logits / cap) when > 0
-    gelu: bool  # the MLP's gate is GELU-tanh, not SiLU
+    activation: int  # the MLP's gated activation (kernels.swiglu): SILU, GELU_TANH or CLAMPED_SWIGLU
     router: np.ndarray  # (L,) int64: a sparse layer's router in matrices ((E, H), or (E + 1, H) with the
     #   shared expert's gate last), expert e's gate, up, down at router + 1 + 3 e + 0, 1, 2; -1: a dense layer
     experts: int  # E, experts per sparse layer (0: a dense model)
     experts_per_token: int  # the router's top k
     norm_topk: bool  # the top k weights renormalised to sum to 1
+    topk_softmax: bool  # the top k by logit, their weights the softmax of those k logits (gpt-oss)
+    router_bias: np.ndarray  # (L, E) added to the router's logits, or (L, 0)
+    expert_gate_up_bias: np.ndarray  # (L, E, 2 I) each expert's gate | up bias (gpt-oss), or (0, 0, 0)
+    expert_down_bias: np.ndarray  # (L, E, H) each expert's down bias, or (0, 0, 0)
+    sinks: np.ndarray  # (L, nh) each head's attention sink logit (gpt-oss), or (L, 0)
+    swiglu_alpha: float  # CLAMPED_SWIGLU's sigmoid gain
+    swiglu_limit: float  # and clamp
 
 
 class Workspace(NamedTuple):
@@ -168,8 +175,8 @@ _I1, _I2, _I3 = (types.Array(types.int64, n, "C") for n in (1, 2, 3))
 ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
-     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.boolean,
-     _I1, types.int64, types.int64, types.boolean], ModelWeights)
+     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
+     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, types.float32, types.float32], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
@@ -278,14 +285,24 @@ def _experts(l, T, w, ws, state):
     E, r, k = w.experts, w.router[l], w.experts_per_token
     ws.params[P_ROWS] = T
     _linear_step(FROM_XN, ONE, r, r, r, TO_ROUTER, w, ws, state)
-    _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w.norm_topk)
+    if w.router_bias.shape[1] > 0:
+        for t in range(T):
+            for e in range(E):
+                ws.route[t, e] += w.router_bias[l, e]
+    _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w.norm_topk, w.topk_softmax)
     n, R = _gather(ws, T, E, r)
-    ws.params[P_ROWS], ws.params[P_WIDTH] = R, w.matrices[r + 1, 1]
+    width = w.matrices[r + 1, 1]
+    ws.params[P_ROWS], ws.params[P_WIDTH] = R, width
     _expert_linear(FROM_XE, n, w, ws, state)
+    biased = w.expert_down_bias.shape[0] > 0
+    if biased:
+        _add_expert_bias(ws, w.expert_gate_up_bias, l, r, n, width)
     _row_step(GATE_ROWS, MLP_PART, R >= PARALLEL_ROWS, w, ws, state)
     for j in range(n // 2):  # each expert's down, from its gate rows into its rows of xe
         ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3] = ws.jobs[2 * j, 0] + 2, ws.jobs[2 * j, 1], ws.jobs[2 * j, 2], JOB_XE
     _expert_linear(FROM_GATE, n // 2, w, ws, state)
+    if biased:
+        _add_expert_bias(ws, w.expert_down_bias, l, r, n // 2, width)
     moe = ws.moe[:T]
     for t in range(T):
         for c in range(moe.shape[1]):
@@ -308,6 +325,23 @@ def _experts(l, T, w, ws, state):
                 proj[t, c] = moe[t, c]
 
 
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _add_expert_bias(ws, bias, l, r, n, width):
+    """Each of the n expert jobs' output rows += its expert's bias row (gpt-oss): bias (L, E,
+    2 I) gate | up for gate and up jobs, (L, E, H) for down jobs; r the layer's router matrix."""
+    for j in range(n):
+        m, r0, nr, target = ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3]
+        e = (m - r - 1) // 3
+        first = width if target == JOB_UP else 0
+        if target == JOB_XE:
+            out = ws.xe[r0 : r0 + nr]
+        else:
+            out = rows_view((ws.gate if target == JOB_GATE else ws.up)[0][r0 * width :], nr, width)
+        for i in range(nr):
+            for c in range(out.shape[1]):
+                out[i, c] += bias[l, e, first + c]
+
+
 @njit(cache=True, _nrt=False)
 def _expert_linear(source, n, w, ws, state):
     """The n expert jobs of ws.jobs in one parallel region (expert_linear_step), their input
@@ -318,14 +352,26 @@ def _expert_linear(source, n, w, ws, state):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _route(route, E, chosen, chosen_weight, norm_topk):
+def _route(route, E, chosen, chosen_weight, norm_topk, topk_softmax):
     """Each row's top k experts by softmax probability over the E logits in route[t, :E] (ties
     to the lower index), their probabilities renormalised to sum to 1 when norm_topk, as
-    transformers' routers; then held in ascending expert order, the order a row sums them in.
-    route[t, :E] becomes the probabilities."""
+    transformers' routers; or with topk_softmax (gpt-oss) the top k logits, weighted by their
+    own softmax. Then held in ascending expert order, the order a row sums them in. route[t, :E]
+    becomes the probabilities (topk_softmax: stays the logits)."""
     k = chosen.shape[1]
     for t in range(route.shape[0]):
         p = route[t, :E]
+        if topk_softmax:
+            _top_k(p, chosen[t], chosen_weight[t], E)
+            top = chosen_weight[t, 0]  # the largest, first
+            total = np.float32(0)
+            for j in range(k):
+                chosen_weight[t, j] = np.exp(chosen_weight[t, j] - top)
+                total += chosen_weight[t, j]
+            for j in range(k):
+                chosen_weight[t, j] /= total
+            _ascending(chosen[t], chosen_weight[t])
+            continue
         top = p[0]
         for e in range(1, E):
             top = max(top, p[e])
@@ -335,23 +381,36 @@ def _route(route, E, chosen, chosen_weight, norm_topk):
             total += p[e]
         for e in range(E):
             p[e] /= total
-        kept = np.float32(0)
-        for j in range(k):
-            best = -1
-            for e in range(E):
-                if (best < 0 or p[e] > p[best]) and not _taken(chosen[t, :j], e):
-                    best = e
-            chosen[t, j], chosen_weight[t, j] = best, p[best]
-            kept += p[best]
+        _top_k(p, chosen[t], chosen_weight[t], E)
         if norm_topk:
+            kept = np.float32(0)
+            for j in range(k):
+                kept += chosen_weight[t, j]
             for j in range(k):
                 chosen_weight[t, j] /= kept
-        for j in range(1, k):  # insertion sort by expert
-            e, weight, i = chosen[t, j], chosen_weight[t, j], j
-            while i > 0 and chosen[t, i - 1] > e:
-                chosen[t, i], chosen_weight[t, i] = chosen[t, i - 1], chosen_weight[t, i - 1]
-                i -= 1
-            chosen[t, i], chosen_weight[t, i] = e, weight
+        _ascending(chosen[t], chosen_weight[t])
+
+
+@njit(cache=True, _nrt=False)
+def _top_k(p, chosen, value, E):
+    """The k = len(chosen) largest of p[:E], largest first (ties to the lower index), and their values."""
+    for j in range(chosen.shape[0]):
+        best = -1
+        for e in range(E):
+            if (best < 0 or p[e] > p[best]) and not _taken(chosen[:j], e):
+                best = e
+        chosen[j], value[j] = best, p[best]
+
+
+@njit(cache=True, _nrt=False)
+def _ascending(chosen, weight):
+    """Insertion sort of one row's choices by expert."""
+    for j in range(1, chosen.shape[0]):
+        e, wj, i = chosen[j], weight[j], j
+        while i > 0 and chosen[i - 1] > e:
+            chosen[i], weight[i] = chosen[i - 1], weight[i - 1]
+            i -= 1
+        chosen[i], weight[i] = e, wj
 
 
 @njit(cache=True, _nrt=False)
@@ -567,7 +626,7 @@ def gate_step(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     gate, up = _mlp_rows(ws.gate, T, ws.params[P_WIDTH]), _mlp_rows(ws.up, T, ws.params[P_WIDTH])
-    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.gelu)
+    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation, w.swiglu_alpha, w.swiglu_limit)
 
 
 def attention_step(t, threads, state):
@@ -586,6 +645,7 @@ def _attention_share(t, rows, w, ws, k_pool, v_pool):
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     att, qkv, positions, slots, tasks, scores, claims = ws.att[:T], ws.qkv[:T], rows.positions, rows.slots, ws.tasks, ws.scores, ws.claims[0:2]
     window, scale, softcap = w.window[l], w.attn_scale, w.attn_softcap
+    sinks = w.sinks[l]  # (nh,) or (0,)
     hd = ws.att.shape[1] // w.heads
     n_rep = w.heads // k_pool.shape[2]
     row0 = t * (scores.shape[0] // claims.shape[1])  # this thread's score rows
@@ -597,9 +657,9 @@ def _attention_share(t, rows, w, ws, k_pool, v_pool):
         if r1 - r0 == 1:  # a lone query: its heads of one KV head together
             j0 = first_key(pos0, window)
             attend(att[r0, h0 * hd : h1 * hd], qkv[r0, h0 * hd : h1 * hd], keys[j0:], values[j0:], pos0 + 1 - j0,
-                   scores[row0 : row0 + h1 - h0], scale, softcap)
+                   scores[row0 : row0 + h1 - h0], scale, softcap, sinks[h0:h1])  # empty without sinks
         else:  # up to 4 queries of one head, consecutive positions
-            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap)
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, sinks)
         task = claim(claims, t, claims.shape[1])
 
 
@@ -800,9 +860,9 @@ def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _gate_span(r0, r1, gate, up, bias, l, gelu):
+def _gate_span(r0, r1, gate, up, bias, l, act, alpha, limit):
     """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
-    the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):
+    the model has biases, act one of kernels.swiglu's. The loop vectorises (vector_math.divide):
     as a scalar loop SiLU took ~4% of an int8 step."""
     I = gate.shape[1]
     for t in range(r0, r1):
@@ -810,6 +870,6 @@ def _gate_span(r0, r1, gate, up, bias, l, gelu):
             for n in range(I):
                 gate[t, n] += bias[l, n]
                 up[t, n] += bias[l, I + n]
-        gated_row(gate[t], up[t], gelu)
+        gated_row(gate[t], up[t], act, alpha, limit)
 
 

@@ -1,6 +1,6 @@
-"""GGUF block formats run as stored: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) and
-Q4_K, Q5_K and Q6_K (super-blocks of 256), laid out as ggml and gguf-py define them, and F32, F16
-and BF16 rows beside them (read 32 weights at a time). A weight
+"""GGUF block formats run as stored: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 (blocks of 32 weights)
+and Q4_K, Q5_K and Q6_K (super-blocks of 256), laid out as ggml and gguf-py define them, and F32,
+F16 and BF16 rows beside them (read 32 weights at a time). A weight
 matrix is its rows of raw blocks, uint8 (N, bytes per row), straight from the memory-mapped file;
 the matrix's `s` holds its ggml type (kernels.quantize.block_format).
 
@@ -42,7 +42,7 @@ from .vector_ir import (
 )
 
 # ggml type numbers
-F32_TYPE, F16_TYPE, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16_TYPE = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+F32_TYPE, F16_TYPE, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16_TYPE, MXFP4 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30, 39
 # ggml type -> (weights per block, bytes per block); float rows are read 32 weights at a time
 FORMATS = {
     F32_TYPE: (32, 128),
@@ -56,8 +56,11 @@ FORMATS = {
     Q4_K: (256, 144),
     Q5_K: (256, 176),
     Q6_K: (256, 210),
+    MXFP4: (32, 17),
 }
-NAMES = {F32_TYPE: "F32", F16_TYPE: "F16", BF16_TYPE: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+NAMES = {F32_TYPE: "F32", F16_TYPE: "F16", BF16_TYPE: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", MXFP4: "MXFP4"}
+# MXFP4's 16 levels: FP4 (E2M1) values, doubled (the block's scale is halved to match, as ggml's)
+MXFP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
@@ -175,6 +178,17 @@ def _pick(b, tables, idx, scale, offset=None, sub=0):
     return value
 
 
+def _mxfp4_level(b, idx):
+    """MXFP4_LEVELS[idx] computed lane by lane (no permutes): magnitude m = idx & 7 below 4,
+    else (2 + (m & 1)) << ((m >> 1) - 1); negative for idx >= 8."""
+    c = lambda v: _ivec(b, idx, v)
+    m = b.and_(idx, c(7))
+    shift = b.and_(b.sub(b.lshr(m, c(1)), c(1)), c(3))  # 1 or 2 where used; in range elsewhere
+    big = b.shl(b.add(c(2), b.and_(m, c(1))), shift)
+    mag = b.select(b.icmp_unsigned("<", m, c(4)), m, big)
+    return b.select(b.icmp_unsigned(">=", idx, c(8)), b.sub(c(0), mag), mag)
+
+
 def _intrinsic_fn(b, name, ret, args):
     from numba.core import cgutils
 
@@ -214,6 +228,16 @@ def dequant_chunks(b, fmt, bp):
         offset = (_f16(b, bp, 2), 1) if fmt in (Q4_1, Q5_1) else None
         tables = _level_values(b, list(range(n)), d, offset, sub) if _permute_ready() else None
         return [_pick(b, tables, h, d, offset, sub) for h in (lo, hi)]
+    if fmt == MXFP4:
+        # weight = 2^(e - 128) * level: ggml's e8m0_to_fp32_half, subnormal for e < 2
+        e = b.zext(_byte(b, bp, 0), I32)
+        bits = b.select(b.icmp_unsigned("<", e, I32(2)), b.shl(I32(0x00200000), e), b.shl(b.sub(e, I32(1)), I32(23)))
+        d = b.bitcast(bits, F32)
+        lo, hi = _nibble_halves(b, _bytes(b, bp, 1, 16))
+        if _permute_ready():
+            tables = _level_values(b, list(MXFP4_LEVELS), d)
+            return [_pick(b, tables, h, d) for h in (lo, hi)]
+        return [b.fmul(splat(b, d), _as_f32(b, _mxfp4_level(b, h))) for h in (lo, hi)]
     if fmt in (Q4_K, Q5_K):
         d, dmin = _f16(b, bp, 0), _f16(b, bp, 2)
         qs_at = 16 if fmt == Q4_K else 48

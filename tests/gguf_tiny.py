@@ -13,7 +13,8 @@ import numpy as np
 # HF architecture -> GGUF architecture name
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Olmo2ForCausalLM": "olmo2",
              "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-             "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe"}
+             "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe",
+             "GptOssForCausalLM": "gpt-oss"}
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
 
@@ -59,7 +60,17 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3"):
+    if arch == "gpt-oss":  # as its converter: the expert width, the window, YaRN
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
+        w.add_sliding_window(cfg["sliding_window"])
+        from gguf import RopeScalingType
+
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(full["factor"])
+        w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
+    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     else:
@@ -82,11 +93,14 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
     _add_vocab(w, vocab or make_vocab(cfg["vocab_size"], "spm" if arch in SPM else "bpe"))
 
-    tensors = _stack_experts(load_file(str(hf_dir / "model.safetensors")), experts or 0, fuse_gate_up_exps)
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    tensors = _split_gpt_oss_experts(tensors) if arch == "gpt-oss" else _stack_experts(tensors, experts or 0, fuse_gate_up_exps)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
     for hf, t in tensors.items():
         t = t.astype(np.float32)
         base, suffix = hf.rsplit(".", 1)
+        if suffix == "sinks":  # gpt-oss: the converter names it attn_sinks.weight
+            base, suffix = hf, "weight"
         name = f"{names.get_name(base)}.{suffix}"
         if base.endswith("experts.gate_up_proj"):  # newer than gguf-py's tables for these architectures
             name = f"blk.{base.split('.')[2]}.ffn_gate_up_exps.{suffix}"
@@ -99,7 +113,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             t = t + np.float32(1.0)
         kind = qtype(name) if callable(qtype) else qtype
-        if kind is not None and t.ndim >= 2 and "ffn_gate_inp" not in name and _fits(t, kind):
+        if kind is not None and t.ndim >= 2 and "ffn_gate_inp" not in name and not name.endswith(".bias") and _fits(t, kind):
             q = quantize(t, kind) if kind not in NO_QUANTIZER else random_blocks(
                 kind, int(np.prod(t.shape[:-1])), t.shape[-1], scale=float(np.abs(t).mean())).reshape(*t.shape[:-1], -1)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
@@ -113,6 +127,26 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _split_gpt_oss_experts(tensors: dict) -> dict:
+    """gpt-oss's transposed, interleaved gate_up_proj (E, H, 2 I) and transposed down_proj (E, I,
+    H), with their `_bias` tensors, as its converter writes them: gate_proj and up_proj (E, I, H),
+    down_proj (E, H, I), each with a bias."""
+    out = {}
+    for hf, t in tensors.items():
+        if hf.endswith("experts.gate_up_proj"):
+            t = t.transpose(0, 2, 1)
+            out[hf.replace("gate_up_proj", "gate_proj.weight")], out[hf.replace("gate_up_proj", "up_proj.weight")] = t[:, 0::2], t[:, 1::2]
+        elif hf.endswith("experts.gate_up_proj_bias"):
+            out[hf.replace("gate_up_proj_bias", "gate_proj.bias")], out[hf.replace("gate_up_proj_bias", "up_proj.bias")] = t[:, 0::2], t[:, 1::2]
+        elif hf.endswith("experts.down_proj"):
+            out[hf + ".weight"] = t.transpose(0, 2, 1)
+        elif hf.endswith("experts.down_proj_bias"):
+            out[hf.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[hf] = t
+    return {name: np.ascontiguousarray(t) for name, t in out.items()}
 
 
 def _stack_experts(tensors: dict, experts: int, fuse: bool) -> dict:
@@ -150,6 +184,10 @@ def random_blocks(qtype, rows: int, cols: int, scale: float = 0.02, seed: int = 
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     d = (np.abs(rng.standard_normal((rows, cols // block))) * scale / 8 + scale / 64).astype(np.float16).view(np.uint8)
+    if int(qtype) == 39:  # MXFP4: a power-of-two scale byte, 2^(e - 128) about scale / 8; two subnormal ones
+        raw[:, :, 0] = np.clip(np.round(np.log2(scale / 8)) + 128 + rng.integers(-2, 3, size=(rows, cols // block)), 2, 254)
+        raw[0, 0, 0], raw[-1, -1, 0] = 0, 1
+        return raw.reshape(rows, -1)
     offsets = {12: (0, 2), 13: (0, 2), 14: (208,)}.get(int(qtype), (0, 2) if int(qtype) in (3, 7) else (0,))
     for off in offsets:
         raw[:, :, off : off + 2] = d.reshape(rows, cols // block, 2)

@@ -40,15 +40,18 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
         "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
+        "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()
     with torch.no_grad():  # make norms and biases non-trivial so a skipped one shows
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
+            if name.endswith("norm.weight") or name.endswith((".bias", "_bias")):
                 p.copy_(1.0 + 0.5 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
-            elif name.endswith((".gate.weight", "shared_expert_gate.weight")):  # a router: choices far from ties
+            elif name.endswith((".gate.weight", "shared_expert_gate.weight", ".router.weight")):  # a router: choices far from ties
                 p.copy_(0.3 * torch.randn_like(p))
+            elif name.endswith(".sinks"):  # gpt-oss: sinks that take a real share of each softmax
+                p.copy_(1.0 + torch.randn_like(p))
     model = model.to(dtype)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kwargs)

@@ -42,7 +42,10 @@ def ref_rope(x, cos, sin, positions, hd):
     return (xh * c + rotated * s).reshape(T, width).astype(np.float32)
 
 
-def ref_attention(q, k_cache, v_cache, pos0, window=0, scale=None, softcap=0.0):
+NO_SINKS = np.zeros(0, np.float32)
+
+
+def ref_attention(q, k_cache, v_cache, pos0, window=0, scale=None, softcap=0.0, sinks=None):
     T = q.shape[0]
     nkv, _, hd = k_cache.shape
     nh = q.shape[1] // hd
@@ -56,8 +59,9 @@ def ref_attention(q, k_cache, v_cache, pos0, window=0, scale=None, softcap=0.0):
             s = k_cache[kv, lo:n].astype(np.float64) @ q[t, h * hd : (h + 1) * hd] * scale
             if softcap:
                 s = softcap * np.tanh(s / softcap)
-            p = np.exp(s - s.max())
-            p /= p.sum()
+            m = s.max() if sinks is None else max(s.max(), sinks[h])
+            p = np.exp(s - m)
+            p /= p.sum() + (0.0 if sinks is None else np.exp(sinks[h] - m))  # a sink weighs no value
             out[t, h * hd : (h + 1) * hd] = p @ v_cache[kv, lo:n]
     return out.astype(np.float32)
 
@@ -199,22 +203,24 @@ def test_attention(T, nh, nkv, hd, pos0):
     q = rand(T, nh * hd)
     out = np.empty_like(q)
     scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
-    K.attention(out, q, k_cache, v_cache, pos0, scores, 0, np.float32(hd**-0.5), np.float32(0.0))
+    K.attention(out, q, k_cache, v_cache, pos0, scores, 0, np.float32(hd**-0.5), np.float32(0.0), NO_SINKS)
     np.testing.assert_allclose(out, ref_attention(q, k_cache, v_cache, pos0), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("window,softcap", [(1, 0.0), (5, 0.0), (9, 0.7), (100, 0.0), (0, 3.0)])
-def test_attention_window_scale_softcap(window, softcap):
-    """A sliding window (the last `window` keys), another scale, soft-capped scores; and each
-    query of a prefill equals attend on that query alone, bit for bit."""
+@pytest.mark.parametrize("window,softcap,sinks", [(1, 0.0, False), (5, 0.0, False), (9, 0.7, False), (100, 0.0, False), (0, 3.0, False),
+                                                  (0, 0.0, True), (5, 0.0, True), (1, 0.0, True)])
+def test_attention_window_scale_softcap(window, softcap, sinks):
+    """A sliding window (the last `window` keys), another scale, soft-capped scores, attention
+    sinks (gpt-oss); and each query of a prefill equals attend on that query alone, bit for bit."""
     T, nh, nkv, hd, pos0, ctx = 13, 4, 2, 20, 6, 40
     k_cache, v_cache = rand(nkv, ctx, hd), rand(nkv, ctx, hd)
     q = rand(T, nh * hd) * 3
     out = np.empty_like(q)
     scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
     scale, cap = np.float32(0.3), np.float32(softcap)
-    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap)
-    expected = ref_attention(q, k_cache, v_cache, pos0, window, float(scale), softcap)
+    sink = (rand(nh) * 4).astype(np.float32) if sinks else NO_SINKS
+    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap, sink)
+    expected = ref_attention(q, k_cache, v_cache, pos0, window, float(scale), softcap, sink if sinks else None)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     s = np.empty((1, ctx), np.float32)
     for t in range(T):
@@ -223,7 +229,7 @@ def test_attention_window_scale_softcap(window, softcap):
         for h in range(nh):
             alone = np.empty(hd, np.float32)
             kv = h // (nh // nkv)
-            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap)
+            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap, sink[h : h + 1])
             np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
 
 
@@ -236,10 +242,10 @@ def test_attend_heads_each_as_alone(heads, hd, n_keys):
     q = rand(heads * hd) * 2
     scale, cap = np.float32(hd**-0.5), np.float32(0.0)
     out = np.empty(heads * hd, np.float32)
-    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap)
+    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap, NO_SINKS)
     for h in range(heads):
         alone = np.empty(hd, np.float32)
-        K.attend(alone, q[h * hd : (h + 1) * hd], keys, values, n_keys, np.empty((1, ctx), np.float32), scale, cap)
+        K.attend(alone, q[h * hd : (h + 1) * hd], keys, values, n_keys, np.empty((1, ctx), np.float32), scale, cap, NO_SINKS)
         np.testing.assert_array_equal(out[h * hd : (h + 1) * hd], alone)
         scores = keys[:n_keys].astype(np.float64) @ q[h * hd : (h + 1) * hd] * float(scale)
         weights = np.exp(scores - scores.max())
@@ -253,10 +259,20 @@ def test_gelu_tanh_gate(T, I):
     g = gate.astype(np.float64)
     expected = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * up
     out = np.empty_like(gate)
-    K.gated(out, gate, up, True)
+    K.gated(out, gate, up, K.GELU_TANH, 0.0, 0.0)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
-    K.gated(out, gate, up, False)
+    K.gated(out, gate, up, K.SILU, 0.0, 0.0)
     np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [7.0, 0.5])
+def test_clamped_swiglu(limit):
+    """gpt-oss's experts: gate clamped above, up to [-limit, limit], (up + 1) * g * sigmoid(1.702 g)."""
+    gate, up = rand(5, 67) * 3, rand(5, 67) * 3
+    g, u = np.minimum(gate.astype(np.float64), limit), np.clip(up.astype(np.float64), -limit, limit)
+    out = np.empty_like(gate)
+    K.gated(out, gate, up, K.CLAMPED_SWIGLU, 1.702, limit)
+    np.testing.assert_allclose(out, (u + 1) * g / (1 + np.exp(-1.702 * g)), rtol=1e-5, atol=1e-6)
 
 
 def test_softcap():

@@ -13,6 +13,8 @@ from minillm import kernels as K
 from minillm.core.model import Model
 from minillm.errors import ConfigError, UsageError
 
+NO_SINKS = np.zeros(0, np.float32)
+
 RNG = np.random.default_rng(7)
 FORMATS = list(K.KV_FORMATS)
 TOKENS = np.random.default_rng(1).integers(0, VOCAB, size=40)
@@ -73,8 +75,8 @@ def test_attend_over_a_format_equals_attend_over_its_widened_values(name, heads,
     q = rand(heads * hd) * 2
     scale, cap = np.float32(hd**-0.5), np.float32(0.0)
     out, expected = np.empty(heads * hd, np.float32), np.empty(heads * hd, np.float32)
-    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap)
-    K.attend(expected, q, widened(name, keys), widened(name, values), n_keys, np.empty((heads, ctx), np.float32), scale, cap)
+    K.attend(out, q, keys, values, n_keys, np.empty((heads, ctx), np.float32), scale, cap, NO_SINKS)
+    K.attend(expected, q, widened(name, keys), widened(name, values), n_keys, np.empty((heads, ctx), np.float32), scale, cap, NO_SINKS)
     np.testing.assert_array_equal(out, expected)
 
 
@@ -82,15 +84,17 @@ def test_attend_over_a_format_equals_attend_over_its_widened_values(name, heads,
 @pytest.mark.parametrize("window", [0, 5])
 def test_prefill_attention_over_a_format_equals_decode_attention(name, window):
     """Prefill's 4 x 4 score tiles over stored rows: each query equals attend on it alone, and the
-    whole equals prefill attention over the widened values."""
+    whole equals prefill attention over the widened values; with attention sinks (gpt-oss) in the
+    windowed case."""
     T, nh, nkv, hd, pos0, ctx = 13, 4, 2, 64, 6, 40
     k_cache, v_cache = stored(name, rand(nkv, ctx, hd)), stored(name, rand(nkv, ctx, hd))
     q = rand(T, nh * hd) * 3
     scale, cap = np.float32(0.3), np.float32(0.0)
     scores = np.empty((K.QUERIES_PER_TASK * numba.config.NUMBA_NUM_THREADS, ctx), np.float32)
     out, expected = np.empty_like(q), np.empty_like(q)
-    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap)
-    K.attention(expected, q, widened(name, k_cache), widened(name, v_cache), pos0, scores, window, scale, cap)
+    sinks = rand(nh) * 3 if window else NO_SINKS
+    K.attention(out, q, k_cache, v_cache, pos0, scores, window, scale, cap, sinks)
+    K.attention(expected, q, widened(name, k_cache), widened(name, v_cache), pos0, scores, window, scale, cap, sinks)
     np.testing.assert_array_equal(out, expected)
     s = np.empty((1, ctx), np.float32)
     for t in range(T):
@@ -99,7 +103,7 @@ def test_prefill_attention_over_a_format_equals_decode_attention(name, window):
         for h in range(nh):
             alone = np.empty(hd, np.float32)
             kv = h // (nh // nkv)
-            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap)
+            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap, sinks[h : h + 1])
             np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
 
 
@@ -110,7 +114,7 @@ def test_half_formats_take_any_head_size(name):
     keys, values = stored(name, rand(ctx, hd)), stored(name, rand(ctx, hd))
     q = rand(2 * hd)
     out, expected = np.empty(2 * hd, np.float32), np.empty(2 * hd, np.float32)
-    args = (n_keys, np.empty((2, ctx), np.float32), np.float32(0.25), np.float32(0.0))
+    args = (n_keys, np.empty((2, ctx), np.float32), np.float32(0.25), np.float32(0.0), NO_SINKS)
     K.attend(out, q, keys, values, *args)
     K.attend(expected, q, widened(name, keys), widened(name, values), *args)
     np.testing.assert_array_equal(out, expected)

@@ -1,6 +1,7 @@
 """Mixtures of experts against transformers on tiny random checkpoints: Mixtral, Qwen2-MoE (a
-shared expert), Qwen3-MoE and OLMoE, with dense layers among sparse ones; decode, batched decode
-and prefill bit for bit; the stacked expert layout; the other precisions; the errors."""
+shared expert), Qwen3-MoE, OLMoE and gpt-oss, with dense layers among sparse ones; decode,
+batched decode and prefill bit for bit; the stacked expert layout; the other precisions; GGUF
+files (gpt-oss's MXFP4 experts too); the errors."""
 
 import json
 
@@ -31,6 +32,11 @@ CASES = {
                       head_dim=16, mlp_only_layers=[0], norm_topk_prob=True),
     # q/k norm over the whole projection, top 4 of 8 as they stand
     "olmoe": dict(arch="olmoe", num_experts=8, num_experts_per_tok=4, intermediate_size=40),
+    # a router with a bias, the top 3 logits' own softmax; experts with biases and the clamped
+    # SwiGLU (a limit the gate and up values cross); attention sinks; sliding and full layers by
+    # turns (a window of 7 over 40 tokens); YaRN
+    "gpt_oss": dict(arch="gpt_oss", num_hidden_layers=3, num_local_experts=6, num_experts_per_tok=3, intermediate_size=32, head_dim=8,
+                    sliding_window=7, swiglu_limit=0.1),
 }
 
 
@@ -59,7 +65,7 @@ def test_the_router_really_chooses(checkpoint):
     """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
     name, path, oracle = checkpoint
     cfg = ModelConfig.from_file(path / "config.json")
-    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe")))
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss")))
     chosen = set()
     with torch.no_grad():
         out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)
@@ -134,6 +140,57 @@ def test_stacked_expert_layout(tmp_path):
         np.testing.assert_array_equal(b.forward(TOKENS, b.new_cache(), all_logits=True), a.forward(TOKENS, a.new_cache(), all_logits=True))
 
 
+def _as_shipped_mxfp4(w):
+    """(E, N, K) float32 rows as gpt-oss's checkpoints pack them, by gguf-py's MXFP4 quantizer:
+    blocks (E, N, K / 32, 16), two values a byte (low nibble first), and exponents (E, N, K / 32)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+
+    E, N, K = w.shape
+    q = quantize(w.reshape(E * N, K), QT.MXFP4).reshape(E, N, K // 32, 17)  # GGUF: values j and j + 16 in byte j
+    values = np.concatenate([q[..., 1:] & 15, q[..., 1:] >> 4], axis=-1)
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8), q[..., 0].copy()
+
+
+def test_gpt_oss_as_it_ships_mxfp4(tmp_path):
+    """A gpt-oss checkpoint with MXFP4 experts (_blocks and _scales, quantization_config mxfp4):
+    the experts run as stored, as GGUF MXFP4 blocks, at every load precision; float32 gives the
+    logits transformers gives the same checkpoint (which dequantizes it); decode == prefill ==
+    batched decode."""
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    make_checkpoint(tmp_path / "float", **dict(GGUF_CASES["gpt_oss"]))
+    packed = {}
+    for name, t in load_file(str(tmp_path / "float" / "model.safetensors")).items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # stored transposed: (E, K, N)
+            packed[name + "_blocks"], packed[name + "_scales"] = _as_shipped_mxfp4(np.ascontiguousarray(t.transpose(0, 2, 1)))
+        else:
+            packed[name] = t
+    (tmp_path / "mxfp4").mkdir()
+    save_file(packed, str(tmp_path / "mxfp4" / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((tmp_path / "float" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                                         "model.embed_tokens", "lm_head"]}
+    (tmp_path / "mxfp4" / "config.json").write_text(json.dumps(config))
+    oracle = AutoModelForCausalLM.from_pretrained(tmp_path / "mxfp4", dtype=torch.float32, attn_implementation="eager",
+                                                  quantization_config=Mxfp4Config(dequantize=True)).eval()
+    model = Model.load(tmp_path / "mxfp4")
+    assert {f.name for f in model.weights.formats} == {"F32", "MXFP4"}
+    got = model.forward(TOKENS, model.new_cache(), all_logits=True)
+    _close(got, hf_logits(oracle, TOKENS), "gpt_oss mxfp4")
+    cache = model.new_cache()
+    steps = [model.forward(TOKENS[:5], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[5:20]]
+    np.testing.assert_array_equal(np.stack(steps), got[4:20])
+    assert_batched_decode_equals_alone(model, TOKENS)
+    assert "MXFP4" in {f.name for f in Model.load(tmp_path / "mxfp4", dtype="int8").weights.formats}
+
+
+def test_other_quantization_configs_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="quantization_config.quant_method"):
+        ModelConfig.from_file(_config(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4}))
+
+
 def test_the_engine_batches_them_as_any_model(tmp_path):
     """Greedy and seeded requests decoded together with chunked prompts beside them and the
     prefix cache on: each stream equal to the same request run alone."""
@@ -172,7 +229,6 @@ def _config(tmp_path, **fields):
 
 
 @pytest.mark.parametrize("fields,named", [
-    (dict(architectures=["GptOssForCausalLM"]), "architectures"),
     (dict(architectures=["DeepseekV3ForCausalLM"]), "architectures"),
     (dict(scoring_func="sigmoid"), "scoring_func"),
     (dict(n_group=4), "n_group"),
@@ -198,6 +254,8 @@ GGUF_CASES = {
     "qwen3_moe": dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True,
                       **GGUF_SHAPE),
     "olmoe": dict(arch="olmoe", num_experts=8, num_experts_per_tok=4, **dict(GGUF_SHAPE, intermediate_size=32)),
+    # the limit is llama.cpp's own (the file has no key for it): transformers' default
+    "gpt_oss": dict(arch="gpt_oss", num_local_experts=6, num_experts_per_tok=2, head_dim=16, sliding_window=7, **dict(GGUF_SHAPE, intermediate_size=32)),
 }
 
 
@@ -224,14 +282,17 @@ def test_gguf_runs_directly_and_imported_as_transformers(gguf_case):
     _close(direct.forward(TOKENS, direct.new_cache(), all_logits=True), expected, name)
     imported = Model.load(root / "imported")
     _close(imported.forward(TOKENS, imported.new_cache(), all_logits=True), expected, name)
-    assert any(".experts.0." in n for n in json.loads((root / "imported" / "model.safetensors").read_bytes()[8:][
-        : int.from_bytes((root / "imported" / "model.safetensors").read_bytes()[:8], "little")]))
+    written = json.loads((root / "imported" / "model.safetensors").read_bytes()[8:][
+        : int.from_bytes((root / "imported" / "model.safetensors").read_bytes()[:8], "little")])
+    # as checkpoints on the Hub hold them: one matrix per expert, or gpt-oss's own stacked tensors
+    assert any((".experts.gate_up_proj" if name == "gpt_oss" else ".experts.0.") in n for n in written)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "fused Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "MXFP4", "fused Q4_0"])
 def test_gguf_experts_as_stored(gguf_case, qtype):
     """Experts in block formats run as stored (regrouped where they can be), near the same file
-    dequantized, with decode == prefill == batched decode; a fused ffn_gate_up_exps too."""
+    dequantized, with decode == prefill == batched decode; a fused ffn_gate_up_exps too (not
+    gpt-oss's: its converter always writes gate and up apart); MXFP4, as gpt-oss ships."""
     name, root, _ = gguf_case
     _as_stored_near_dequantized(root, qtype, name)
 

@@ -421,9 +421,37 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         attn_scale=f(cfg.attn_scale),
         attn_softcap=f(cfg.attn_logit_softcapping or 0.0),
         final_softcap=f(cfg.final_logit_softcapping or 0.0),
-        gelu=cfg.hidden_act != "silu",
+        activation=ACTIVATIONS[cfg.hidden_act],
         router=router,
         experts=cfg.num_experts,
         experts_per_token=cfg.experts_per_token,
         norm_topk=cfg.norm_topk_prob,
+        topk_softmax=cfg.router == "topk_softmax",
+        **_expert_biases(cfg, layers),
+        sinks=np.stack([layer.sinks for layer in layers]).astype(f) if layers[0].sinks is not None else np.zeros((len(layers), 0), f),
+        swiglu_alpha=f(cfg.swiglu_alpha),
+        swiglu_limit=f(cfg.swiglu_limit),
     )
+
+
+# config.json's hidden_act -> kernels.swiglu's gated activation
+ACTIVATIONS = {"silu": K.SILU, "gelu_pytorch_tanh": K.GELU_TANH, "clamped_swiglu": K.CLAMPED_SWIGLU}
+
+
+def _expert_biases(cfg: ModelConfig, layers) -> dict:
+    """ModelWeights' router and expert biases (gpt-oss), stacked by layer; empty where a model has none."""
+    f = np.float32
+    sparse = [layer for layer in layers if layer.router is not None]
+    if not sparse or sparse[0].router.b is None:
+        return dict(router_bias=np.zeros((len(layers), 0), f), expert_gate_up_bias=np.zeros((0, 0, 0), f),
+                    expert_down_bias=np.zeros((0, 0, 0), f))
+    E, I, H = cfg.num_experts, cfg.expert_intermediate_size, cfg.hidden_size
+    router_bias = np.zeros((len(layers), E), f)
+    gate_up, down = np.zeros((len(layers), E, 2 * I), f), np.zeros((len(layers), E, H), f)
+    for i, layer in enumerate(layers):
+        if layer.router is not None:
+            router_bias[i] = layer.router.b
+            for e, (g, u, d) in enumerate(layer.experts):
+                gate_up[i, e] = np.concatenate([g.b, u.b])
+                down[i, e] = d.b
+    return dict(router_bias=router_bias, expert_gate_up_bias=gate_up, expert_down_bias=down)

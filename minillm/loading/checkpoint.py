@@ -22,6 +22,7 @@ from .config import ModelConfig
 from .safetensors_io import SafetensorsFile
 from .tensor_names import (
     HARMLESS_SUFFIXES, NORM_NAMES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, moe_prefix,
+    router_name,
 )
 
 DTYPES = tuple(F.LOAD_DTYPES)  # what weights can be converted to at load (kernels.formats)
@@ -67,6 +68,7 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,)
     router: Linear | None = None  # a sparse layer's (E, H) router, float32; (E + 1, H) with the shared expert's gate last
     experts: list[tuple[Linear, Linear, Linear]] = field(default_factory=list)  # each expert's (gate, up, down)
+    sinks: np.ndarray | None = None  # (nh,) each head's attention sink logit (gpt-oss)
 
     @property
     def linears(self) -> list[Linear]:
@@ -108,7 +110,7 @@ class Weights:
                 yield lin.scales
         yield self.norm
         for L in self.layers:
-            yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm) if n is not None)
+            yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm, L.sinks) if n is not None)
             for lin in L.linears:
                 yield lin.w
                 if lin.scales is not None:
@@ -188,7 +190,12 @@ def load_checkpoint(
     if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
         # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
         cfg = replace(cfg, tie_word_embeddings=True)
-    shapes = expected_shapes(cfg, "stacked" if any(name.endswith(STACKED_GATE_UP) for name in owner) else "per_expert")
+    layout = "per_expert"
+    if any(name.endswith(STACKED_GATE_UP) for name in owner):
+        layout = "stacked"
+    elif any(name.endswith(STACKED_GATE_UP + "_blocks") for name in owner):
+        layout = "mxfp4"
+    shapes = expected_shapes(cfg, layout)
     check_tensor_set(
         {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
         where=lambda name: owner[name].path if name in owner else source,
@@ -211,17 +218,46 @@ def load_checkpoint(
             return Linear(w, F.BY_NAME[F.LOAD_DTYPES[dtype]])
         return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
 
-    def stacked(name: str) -> list[Linear]:
-        """A 3-D tensor (E, N, K) as E matrices: views of the mapped file, or each converted."""
+    def stacked(name: str, columns: slice | None = None) -> list[Linear]:
+        """A 3-D tensor (E, N, K) as E matrices: views of the mapped file, or each converted. With
+        `columns`, the tensor is stored transposed, (E, K, N'), and each matrix is those of its
+        N' columns, transposed (gpt-oss)."""
         f = owner[name]
         stored, (E, N, Kdim) = f.tensors[name].dtype, f.tensors[name].shape
         if check_finite:
             require_finite(f.float32(name), f.path, name)
+        if columns is not None:
+            full = f.float32(name)
+            parts = [full[e][:, columns].T for e in range(E)]
+            return [pack(lambda r0, r1, t=t: t[r0:r1], t.shape, dtype, f.path, f"{name}[{e}]") for e, t in enumerate(parts)]
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):
             return [Linear(on_cache_lines(f.raw(name)[e]), F.BY_NAME[F.LOAD_DTYPES[dtype]]) for e in range(E)]
         return [pack(lambda r0, r1, e=e: f.read_rows(name, e, e + 1)[0, r0:r1], (N, Kdim), dtype, f.path, f"{name}[{e}]") for e in range(E)]
 
-    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked)
+    def mxfp4(name: str, rows: slice) -> list[Linear]:
+        """gpt-oss's MXFP4 experts `name` (its _blocks and _scales), rows `rows` of each, as
+        GGUF's MXFP4 blocks: run as stored whatever the load precision."""
+        blocks, scales = owner[name + "_blocks"].raw(name + "_blocks"), owner[name + "_scales"].raw(name + "_scales")
+        return [Linear(mxfp4_blocks(blocks[e, rows], scales[e, rows]), F.BY_NAME["MXFP4"]) for e in range(blocks.shape[0])]
+
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, mxfp4)
+
+
+def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Checkpoint MXFP4 (N, K / 32, 16) + (N, K / 32), values 2j and 2j + 1 in byte j, as GGUF's
+    MXFP4 rows (N, K / 32 * 17): each block its exponent byte (the same: ggml doubles the levels
+    and halves the scale), then values j and j + 16 in byte j."""
+    N, G, _ = blocks.shape
+    out = aligned_empty((N, G * 17), np.uint8)
+    rows = out.reshape(N, G, 17)
+    step = max(1, CONVERT_CHUNK // max(G * 16, 1))
+    for r0 in range(0, N, step):
+        b = np.asarray(blocks[r0 : r0 + step])
+        values = np.empty((*b.shape[:2], 32), np.uint8)
+        values[..., 0::2], values[..., 1::2] = b & 15, b >> 4
+        rows[r0 : r0 + step, :, 0] = scales[r0 : r0 + step]
+        rows[r0 : r0 + step, :, 1:] = values[..., :16] | (values[..., 16:] << 4)
+    return out
 
 
 def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig, Weights]:
@@ -294,9 +330,10 @@ def _matrix_kind(name: str) -> str:
     return name
 
 
-def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked=None) -> Weights:
+def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked=None, mxfp4=None) -> Weights:
     """Weights from a checked tensor source: matrix(name) -> Linear (without bias), vector(name) ->
-    float32, stacked(name) -> a 3-D tensor's matrices (the experts of each, when shapes has them so)."""
+    float32, stacked(name) -> a 3-D tensor's matrices (the experts of each, when shapes has them so),
+    mxfp4(name, rows) -> MXFP4-packed experts' matrices (gpt-oss's checkpoints)."""
 
     def norm(name: str | None) -> np.ndarray | None:
         if name is None or name + ".weight" not in shapes:
@@ -320,7 +357,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
             q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
         mlp: dict = {}
         if cfg.layer_is_sparse(i):
-            mlp = _experts(cfg, i, shapes, linear, vector, stacked)
+            mlp = _experts(cfg, i, shapes, linear, vector, stacked, mxfp4)
         elif cfg.fused_projections:
             mlp = dict(zip(("gate", "up"), split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)))
         else:
@@ -332,6 +369,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
             LayerWeights(
                 q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),
                 q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms, **mlp,
+                sinks=vector(p + "self_attn.sinks") if cfg.attention_sinks else None,
             )
         )
     embed = linear("model.embed_tokens")
@@ -339,30 +377,49 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
 
 
-def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked) -> dict:
+def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, mxfp4=None) -> dict:
     """A sparse layer's LayerWeights fields: the router (float32, so every precision routes as
     transformers does; the shared expert's gate as its last row), the experts (from any of
     tensor_names.EXPERT_LAYOUTS), and the shared expert as the layer's gate, up and down (None
     without one)."""
-    moe = moe_prefix(cfg, i, stacked=moe_prefix(cfg, i) + "gate.weight" not in shapes)
-    router = vector(moe + "gate.weight")
+    stacked_names = router_name(cfg, i) not in shapes
+    moe = moe_prefix(cfg, i, stacked=stacked_names)
+    router = vector(router_name(cfg, i, stacked=stacked_names))
     shared = dict(gate=None, up=None, down=None)
     if cfg.shared_expert_intermediate_size:
         router = np.concatenate([router, vector(moe + "shared_expert_gate.weight")])
         shared = {kind: linear(moe + f"shared_expert.{kind}_proj") for kind in ("gate", "up", "down")}
     I = cfg.expert_intermediate_size
     fused = next((suffix for suffix in ("", ".weight") if moe + STACKED_GATE_UP + suffix in shapes), None)  # transformers 5's, llama.cpp's
-    if fused is not None:
+    packed = moe + STACKED_GATE_UP + "_blocks" in shapes
+    if cfg.router_bias and (fused == "" or packed):  # gpt-oss: gate and up interleaved, with biases; transposed or MXFP4
+        gate_up_bias, down_bias = vector(moe + STACKED_GATE_UP + "_bias"), vector(moe + STACKED_DOWN + "_bias")
+        if packed:
+            gate_up = (mxfp4(moe + STACKED_GATE_UP, slice(0, None, 2)), mxfp4(moe + STACKED_GATE_UP, slice(1, None, 2)))
+            down = mxfp4(moe + STACKED_DOWN, slice(None))
+        else:
+            gate_up = (stacked(moe + STACKED_GATE_UP, slice(0, None, 2)), stacked(moe + STACKED_GATE_UP, slice(1, None, 2)))
+            down = stacked(moe + STACKED_DOWN, slice(None))
+        experts = list(zip(*gate_up, down))
+        for e, (gate, up, down) in enumerate(experts):
+            gate.b, up.b, down.b = gate_up_bias[e, 0::2].copy(), gate_up_bias[e, 1::2].copy(), down_bias[e]
+    elif fused is not None:
         pairs = zip(stacked(moe + STACKED_GATE_UP + fused), stacked(moe + STACKED_DOWN + fused))
         experts = [(*split_rows(gate_up, I, I), down) for gate_up, down in pairs]
     elif moe + "experts.gate_proj.weight" in shapes:  # llama.cpp
         experts = list(zip(*(stacked(moe + f"experts.{kind}_proj.weight") for kind in ("gate", "up", "down"))))
+        if cfg.router_bias:  # gpt-oss
+            biases = [vector(moe + f"experts.{kind}_proj.bias") for kind in ("gate", "up", "down")]
+            for e, expert in enumerate(experts):
+                for lin, bias in zip(expert, biases):
+                    lin.b = bias[e]
     else:
         experts = [tuple(linear(expert_matrix(cfg, i, e, kind)[: -len(".weight")]) for kind in ("gate", "up", "down"))
                    for e in range(cfg.num_experts)]
     w = aligned_empty(router.shape, np.float32)
     w[...] = router
-    return dict(router=Linear(w, F.F32), experts=experts, **shared)
+    bias = vector(moe + "router.bias") if cfg.router_bias else None
+    return dict(router=Linear(w, F.F32, b=bias), experts=experts, **shared)
 
 
 def split_rows(lin: Linear, *sizes: int) -> list[Linear]:

@@ -15,14 +15,15 @@ from ..errors import ConfigError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
     "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-    "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
+    "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
 )
 # Mixtures of experts: each token's MLP is the weighted sum of the experts its router picks.
 #   router: softmax over every expert's logit, then the top k ("norm_topk_prob": the k weights
 #   renormalised to sum to 1; Mixtral always does); Qwen2-MoE adds a shared expert scaled by the
 #   sigmoid of its own gate. Dense layers among sparse ones: Qwen's mlp_only_layers and
-#   decoder_sparse_step.
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+#   decoder_sparse_step. gpt-oss: a router with a bias, the top k logits weighted by their own
+#   softmax ("topk_softmax"); experts with biases and a clamped SwiGLU; attention sinks.
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # What sets each architecture apart, as transformers builds it (its modeling_*.py):
 #   norm placement: "pre" h = x + attn(norm(x)); "post" (OLMo 2) h = x + norm(attn(x));
@@ -94,6 +95,11 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top k weights renormalised to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert; 0: none
     sparse_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is the experts; () none
+    router: str = "softmax"  # "softmax" over all experts, then the top k; or "topk_softmax" (gpt-oss)
+    router_bias: bool = False  # the router's logits have a bias, and the experts' matrices too (gpt-oss)
+    attention_sinks: bool = False  # a learned logit per head in attention's softmax denominator (gpt-oss)
+    swiglu_alpha: float = 1.702  # hidden_act "clamped_swiglu" (gpt-oss): (up + 1) * g * sigmoid(alpha g),
+    swiglu_limit: float = 7.0  # gate clamped above at limit, up to [-limit, limit]
 
     # Derived sizes, named as the forward pass uses them.
     @property
@@ -184,6 +190,8 @@ class ModelConfig:
         act = raw.get(act_field, "gelu_pytorch_tanh" if gemma else "silu")
         if act not in ("silu", "gelu_pytorch_tanh"):
             raise ConfigError(f"{source}: field '{act_field}' is {act!r}; supported: 'silu', 'gelu_pytorch_tanh'")
+        if arch == "GptOssForCausalLM":
+            act = "clamped_swiglu"  # its experts' own, whatever hidden_act says (GptOssExperts ignores it)
         _refuse_unsupported(raw, arch, source)
 
         hidden = fields.positive_int("hidden_size")
@@ -230,7 +238,7 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=fields.boolean("tie_word_embeddings", default=False),
             attention_bias=arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM")
-            and fields.boolean("attention_bias", default=False),
+            and fields.boolean("attention_bias", default=arch == "GptOssForCausalLM"),
             qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and fields.boolean("qkv_bias", default=True)),
             mlp_bias=arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM") and fields.boolean("mlp_bias", default=False),
             sliding_window=sliding,
@@ -398,6 +406,7 @@ def _experts(raw: dict, arch: str, fields: "_Fields", layers: int, source: str) 
     if top_k > experts:
         raise ConfigError(f"{source}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
     qwen = arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+    gpt_oss = arch == "GptOssForCausalLM"
     sparse = [True] * layers
     if qwen:  # transformers: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer
         step = fields.positive_int("decoder_sparse_step", default=1)
@@ -410,9 +419,11 @@ def _experts(raw: dict, arch: str, fields: "_Fields", layers: int, source: str) 
         num_experts=experts,
         experts_per_token=top_k,
         expert_intermediate_size=fields.positive_int("moe_intermediate_size") if qwen else fields.positive_int("intermediate_size"),
-        norm_topk_prob=True if arch == "MixtralForCausalLM" else fields.boolean("norm_topk_prob", default=False),
+        norm_topk_prob=arch == "MixtralForCausalLM" or (not gpt_oss and fields.boolean("norm_topk_prob", default=False)),
         shared_expert_intermediate_size=shared,
         sparse_layers=tuple(sparse),
+        **(dict(router="topk_softmax", router_bias=True, attention_sinks=True, swiglu_alpha=fields.number("swiglu_alpha", 1.702),
+                swiglu_limit=fields.number("swiglu_limit", 7.0)) if gpt_oss else {}),
     )
 
 
@@ -426,6 +437,12 @@ def _refuse_unsupported(raw: dict, arch: str, source: str) -> None:
         for field in ("num_experts", "num_local_experts"):
             if raw.get(field):
                 raise ConfigError(f"{source}: field '{field}' is set, but {arch} is a dense architecture; mixtures of experts: {', '.join(MOE_ARCHITECTURES)}")
+    quant = raw.get("quantization_config")
+    if quant is not None:  # MXFP4 experts are gpt-oss's own format (run as stored); no other scheme
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if not (method == "mxfp4" and arch == "GptOssForCausalLM"):
+            raise ConfigError(f"{source}: field 'quantization_config.quant_method' is {method!r}; only gpt-oss's 'mxfp4' is supported "
+                              "(or convert the checkpoint to float weights, or a GGUF file)")
     if raw.get("clip_qkv") is not None:  # OLMoE
         raise ConfigError(f"{source}: field 'clip_qkv' is set; clamping q, k and v is not supported")
     for field in ("moe_layer_freq", "n_shared_experts", "first_k_dense_replace", "topk_method", "n_group", "scoring_func"):
@@ -446,6 +463,8 @@ def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | 
         window = None
     if arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") and "sliding_window" not in raw:
         window = 4096
+    if arch == "GptOssForCausalLM" and "sliding_window" not in raw:
+        window = 128
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
         raise ConfigError(f"{source}: field 'sliding_window' must be a positive integer or null, got {window!r}")
 
@@ -473,6 +492,8 @@ def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | 
             types = ["sliding_attention" if (i + 1) % 2 and i < first else "full_attention" for i in range(layers)]
         elif arch == "SmolLM3ForCausalLM":
             types = ["full_attention" if rope_layers[i] else "sliding_attention" for i in range(layers)]
+        elif arch == "GptOssForCausalLM":  # GptOssConfig: sliding, full, sliding, ..
+            types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
         elif arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
             pattern = raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]

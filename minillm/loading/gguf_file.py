@@ -35,6 +35,7 @@ ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
 }
 # llama.cpp writes Mixtral as "llama" with experts, and renormalises the top k weights of these
 # architectures by its own table unless the file says (expert_weights_norm)
@@ -221,6 +222,8 @@ def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
     names = {}
     for hf in expected:
         base, suffix = hf.rsplit(".", 1)
+        if suffix == "sinks":  # gpt-oss's (nh,) tensor, written as attn_sinks.weight
+            base, suffix = hf, "weight"
         gguf = table.get_name(base)
         if gguf is None and base.endswith(".mlp.experts.gate_up_proj"):  # newer than gguf-py's tables for these
             gguf = f"blk.{base.split('.')[2]}.ffn_gate_up_exps"
@@ -260,6 +263,8 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
     }
     if experts:
         config.update(_experts(meta, p, arch, experts))
+    if arch == "gpt-oss":  # sliding and full layers by turns (GptOssConfig's default)
+        config["sliding_window"] = meta.require(p + "attention.sliding_window", int)
     rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         config["partial_rotary_factor"] = rope_dims / head_dim
@@ -268,6 +273,8 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
     if arch in ("gemma2", "gemma3"):
         config.update(_gemma(meta, p, arch, config, rope))
     else:
+        if arch == "gpt-oss" and rope.get("rope_type") == "yarn":
+            rope["truncate"] = False  # GptOssConfig's YaRN; llama.cpp's converter writes no key for it
         config["rope_theta"] = theta
         if len(rope) > 1:
             config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
@@ -277,6 +284,9 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
 def _experts(meta: Metadata, p: str, arch: str, experts: int) -> dict:
     """A mixture of experts' config fields: llama.cpp's expert keys; every layer sparse, as
     llama.cpp runs these architectures."""
+    if arch == "gpt-oss":  # its router and experts are the architecture's own (no gating keys)
+        return {"num_local_experts": experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
+                "intermediate_size": meta.require(p + "expert_feed_forward_length", int)}
     if arch not in MOE_NORM_TOPK:
         raise GGUFError(f"{meta.path}: metadata '{p}expert_count' is set; mixtures of experts run for {', '.join(MOE_NORM_TOPK)}")
     gating = meta.typed(p + "expert_gating_func", int)

@@ -26,6 +26,16 @@ NORM_NAMES = {
 # tensors (as transformers 5 holds them in memory, and some checkpoints store them).
 EXPERT_NAMES = {"MixtralForCausalLM": ("w1", "w3", "w2")}  # gate, up, down; others gate_proj, up_proj, down_proj
 STACKED_GATE_UP, STACKED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # (E, 2 I, H): gate rows then up; (E, H, I)
+# gpt-oss stores them transposed, gate and up interleaved: (E, H, 2 I) gate at even columns, up at
+# odd; (E, I, H); each with a bias (E, 2 I), (E, H) named with "_bias"; its router is `mlp.router`.
+# As gpt-oss ships them they are MXFP4 ("mxfp4" layout): `<name>_blocks` (E, N, K / 32, 16) uint8,
+# two FP4 values a byte (low nibble first), and `<name>_scales` (E, N, K / 32) uint8 exponents,
+# rows N not transposed (gate_up's rows interleaved, gate first).
+
+
+def router_name(cfg: ModelConfig, layer: int, stacked: bool = False) -> str:
+    """The HF name of layer `layer`'s router matrix."""
+    return moe_prefix(cfg, layer, stacked) + ("router.weight" if cfg.architecture == "GptOssForCausalLM" else "gate.weight")
 
 
 def moe_prefix(cfg: ModelConfig, layer: int, stacked: bool = False) -> str:
@@ -41,7 +51,7 @@ def expert_matrix(cfg: ModelConfig, layer: int, expert: int, kind: str) -> str:
     return moe_prefix(cfg, layer) + f"experts.{expert}.{names[('gate', 'up', 'down').index(kind)]}.weight"
 
 
-EXPERT_LAYOUTS = ("per_expert", "stacked", "gguf", "gguf_fused")
+EXPERT_LAYOUTS = ("per_expert", "stacked", "gguf", "gguf_fused", "mxfp4")
 
 
 def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict[str, tuple[int, ...]]:
@@ -72,6 +82,8 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
             shapes[p + f"self_attn.{name}_proj.weight"] = shape
             if cfg.attention_bias or (cfg.qkv_bias and name != "o"):
                 shapes[p + f"self_attn.{name}_proj.bias"] = shape[:1]
+        if cfg.attention_sinks:
+            shapes[p + "self_attn.sinks"] = (cfg.num_attention_heads,)
         if cfg.layer_is_sparse(i):
             shapes.update(_expert_shapes(cfg, i, expert_layout))
             continue
@@ -85,13 +97,24 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
 def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int, ...]]:
     H, E, I = cfg.hidden_size, cfg.num_experts, cfg.expert_intermediate_size
     moe = moe_prefix(cfg, i, stacked=layout != "per_expert")
-    shapes: dict[str, tuple[int, ...]] = {moe + "gate.weight": (E, H)}
-    if layout == "stacked":
+    shapes: dict[str, tuple[int, ...]] = {router_name(cfg, i, stacked=layout != "per_expert"): (E, H)}
+    if cfg.router_bias:
+        shapes[moe + "router.bias"] = (E,)
+    if layout == "stacked" and cfg.router_bias:  # gpt-oss: transposed, interleaved, with biases
+        shapes.update({moe + STACKED_GATE_UP: (E, H, 2 * I), moe + STACKED_GATE_UP + "_bias": (E, 2 * I),
+                       moe + STACKED_DOWN: (E, I, H), moe + STACKED_DOWN + "_bias": (E, H)})
+    elif layout == "mxfp4":
+        for name, (N, K) in ((STACKED_GATE_UP, (2 * I, H)), (STACKED_DOWN, (H, I))):
+            shapes.update({moe + name + "_blocks": (E, N, K // 32, 16), moe + name + "_scales": (E, N, K // 32),
+                           moe + name + "_bias": (E, N)})
+    elif layout == "stacked":
         shapes[moe + STACKED_GATE_UP] = (E, 2 * I, H)
         shapes[moe + STACKED_DOWN] = (E, H, I)
     elif layout == "gguf":
         shapes.update({moe + "experts.gate_proj.weight": (E, I, H), moe + "experts.up_proj.weight": (E, I, H),
                        moe + "experts.down_proj.weight": (E, H, I)})
+        if cfg.router_bias:
+            shapes.update({moe + "experts.gate_proj.bias": (E, I), moe + "experts.up_proj.bias": (E, I), moe + "experts.down_proj.bias": (E, H)})
     elif layout == "gguf_fused":
         shapes.update({moe + "experts.gate_up_proj.weight": (E, 2 * I, H), moe + "experts.down_proj.weight": (E, H, I)})
     else:
