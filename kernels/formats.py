@@ -10,7 +10,7 @@ its products in kernels.matmul.
     F32       float32 rows                          float32, FMAs
     BF16      bfloat16 bits (uint16) rows           rounded to bfloat16, pairs of products
     I8        int8 rows + a float16 scale per 32    int16 per block of 32, vpmaddwd
-    Q4_0..Q6_K  GGUF blocks as stored (uint8 rows)  float32: each block dequantized in registers
+    Q4_0..MXFP4 GGUF blocks as stored (uint8 rows)  float32: each block dequantized in registers
     *_R16     those blocks regrouped by 16 rows     int16 split into bytes: integer dot products
 
 Each compiled kernel has one C signature whatever the format (weights come as their raw bytes),
@@ -83,12 +83,14 @@ FORMATS = (
     WeightFormat("Q4_K", 12, np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, grouped="Q4_K_R16"),
     WeightFormat("Q5_K", 13, np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
     WeightFormat("Q6_K", 14, np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, grouped="Q6_K_R16"),
-    WeightFormat("MXFP4", 39, np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39),
+    WeightFormat("MXFP4", 39, np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
+                 grouped="MXFP4_R16"),
     WeightFormat("Q4_0_R16", 1002, np.uint8, 32, 18, Operand.SPLIT_BYTES, "Q4_0 regrouped by 16 rows: integer dot products", group_of="Q4_0"),
     WeightFormat("Q5_0_R16", 1006, np.uint8, 32, 22, Operand.SPLIT_BYTES, "Q5_0 regrouped by 16 rows: integer dot products", group_of="Q5_0"),
     WeightFormat("Q8_0_R16", 1008, np.uint8, 32, 34, Operand.SPLIT_BYTES, "Q8_0 regrouped by 16 rows: integer dot products", group_of="Q8_0"),
     WeightFormat("Q4_K_R16", 1012, np.uint8, 256, 144, Operand.SPLIT_BYTES, "Q4_K regrouped by 16 rows: integer dot products", group_of="Q4_K"),
     WeightFormat("Q6_K_R16", 1014, np.uint8, 256, 210, Operand.SPLIT_BYTES, "Q6_K regrouped by 16 rows: integer dot products", group_of="Q6_K"),
+    WeightFormat("MXFP4_R16", 1039, np.uint8, 32, 17, Operand.SPLIT_BYTES, "MXFP4 regrouped by 16 rows: integer dot products", group_of="MXFP4"),
 )
 BY_NAME = {f.name: f for f in FORMATS}
 BY_CODE = {f.code: f for f in FORMATS}

@@ -18,14 +18,17 @@ prefill agree bit for bit. Against the file dequantized and run at float32, a pr
 that of 16-bit activations (about 1/65000 of a block's largest value): llama.cpp meets Q4_0 with
 8-bit ones.
 
-Q5_0, Q8_0, Q4_K and Q6_K are regrouped the same way (the levels' bits and the scales' packing
-kept; a Q5_0 step shifts each lane's fifth bits into place, a Q4_K step unpacks its 6-bit scales
-and minimums for the 16 rows at once). A group's blocks are
+Q5_0, Q8_0, Q4_K, Q6_K and MXFP4 are regrouped the same way (the levels' bits and the scales'
+packing kept; a Q5_0 step shifts each lane's fifth bits into place, a Q4_K step unpacks its 6-bit
+scales and minimums for the 16 rows at once, an MXFP4 step looks its FP4 codes up as integer
+levels and its exponents up as powers of two). A group's blocks are
 one sequential stream, left to the hardware prefetcher, but for Q6_K: its step (53 lines) asks
 for one line a page ahead, which keeps the next page's stream started (weights streamed from
 memory, one token, alternating: +5-12%). A prefetch of every line a page ahead cost ~20% at
 Q4_K and Q6_K; one line per step measured level at Q4_K and 15% slower at Q4_0 (9 lines a step).
 """
+
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -33,7 +36,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .gguf_blocks import FORMATS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, literal_value, prefetch_offsets
+from .gguf_blocks import FORMATS, MXFP4, MXFP4_LEVELS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, literal_value, prefetch_offsets
 from .jit import EXACT_MATH, kernel
 from .target import has
 from .vector_ir import (
@@ -59,7 +62,8 @@ Q5_0_R16 = 1006
 Q8_0_R16 = 1008
 Q4_K_R16 = 1012
 Q6_K_R16 = 1014
-GROUPED = {Q4_0: Q4_0_R16, Q5_0: Q5_0_R16, Q8_0: Q8_0_R16, Q4_K: Q4_K_R16, Q6_K: Q6_K_R16}  # ggml type -> its grouped layout
+MXFP4_R16 = 1039
+GROUPED = {Q4_0: Q4_0_R16, Q5_0: Q5_0_R16, Q8_0: Q8_0_R16, Q4_K: Q4_K_R16, Q6_K: Q6_K_R16, MXFP4: MXFP4_R16}  # ggml type -> its grouped layout
 GROUP = 16
 Q4_0_BYTES = FORMATS[Q4_0][1]  # 18: a float16 scale, 16 bytes of levels
 GROUP_BLOCK_BYTES = GROUP * Q4_0_BYTES  # 288: 16 scales, then 4 words of 64 bytes
@@ -79,33 +83,41 @@ def can_group(w: np.ndarray, ggml_type: int = Q4_0) -> bool:
 @njit(cache=True, _nrt=False)
 def is_grouped(fmt):
     """Whether a block matrix's `s` names a grouped layout."""
-    return fmt == Q4_0_R16 or fmt == Q5_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16
+    return fmt == Q4_0_R16 or fmt == Q5_0_R16 or fmt == Q8_0_R16 or fmt == Q4_K_R16 or fmt == Q6_K_R16 or fmt == MXFP4_R16
 
 
 def group_rows(out, w, ggml_type: int) -> int:
     """out (w's shape: the same bytes) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
-    {Q4_0: group_q4_0, Q5_0: group_q5_0, Q8_0: group_q8_0, Q4_K: group_q4_k, Q6_K: group_q6_k}[ggml_type](out, w)
+    {Q4_0: group_q4_0, Q5_0: group_q5_0, Q8_0: group_q8_0, Q4_K: group_q4_k, Q6_K: group_q6_k, MXFP4: group_mxfp4}[ggml_type](out, w)
     return GROUPED[ggml_type]
 
 
-@kernel()
 def group_q4_0(out, w):
     """out = Q4_0 rows w (N, blocks * 18) regrouped as Q4_0_R16 (same shape): N % 16 == 0."""
+    group_nibbles(out, w, 2)
+
+
+@kernel()
+def group_nibbles(out, w, scale_bytes):
+    """out = rows w (N, blocks * (scale_bytes + 16)) of blocks of 32 4-bit levels after a scale
+    regrouped by 16 rows (same shape; N % 16 == 0): per block, the 16 rows' scales, then four
+    64-byte words, word o holding bytes 4o..4o+3 of every row's 16 (row r at 4r)."""
     N, row_bytes = w.shape
-    blocks = row_bytes // Q4_0_BYTES
+    block_bytes = scale_bytes + 16
+    blocks = row_bytes // block_bytes
     flat = out.reshape(N * row_bytes)
     for g in prange(N // GROUP):
         base = g * GROUP * row_bytes
         for r in range(GROUP):
             n = g * GROUP + r
             for k in range(blocks):
-                dst = base + k * GROUP_BLOCK_BYTES
-                src = k * Q4_0_BYTES
-                flat[dst + 2 * r] = w[n, src]
-                flat[dst + 2 * r + 1] = w[n, src + 1]
+                dst = base + k * GROUP * block_bytes
+                src = k * block_bytes
+                for i in range(scale_bytes):
+                    flat[dst + scale_bytes * r + i] = w[n, src + i]
                 for o in range(4):
                     for j in range(4):
-                        flat[dst + 32 + 64 * o + 4 * r + j] = w[n, src + 2 + 4 * o + j]
+                        flat[dst + GROUP * scale_bytes + 64 * o + 4 * r + j] = w[n, src + scale_bytes + 4 * o + j]
 
 
 @intrinsic
@@ -382,12 +394,13 @@ def _block_words(b, ps, block):
     return b.gep(ps, [b.mul(block, I64(PER_BLOCK))], source_etype=F32)
 
 
-def _block_step(offset, parts_of):
+def _block_step(offset, parts_of, scales_of=lambda b, bp: _row_halves(b, bp, 0)):
     """A step over one block of 32 for the 16 rows whose levels are q + offset (the sums
-    subtract offset sum(x16)); parts_of(b, bp) gives the block's (levels, first weight) parts."""
+    subtract offset sum(x16)); parts_of(b, bp) gives the block's (levels, first weight) parts,
+    scales_of(b, bp) its 16 rows' scales (float16 at the block's start)."""
 
     def step(b, bp, k, tokens, totals):
-        dw = _row_halves(b, bp, 0)
+        dw = scales_of(b, bp)
         parts = parts_of(b, bp)
         e = b.mul(k, I64(QBLOCK))
         for j, token in enumerate(tokens):
@@ -799,10 +812,79 @@ def _qk_step(b, bp, k, tokens, totals):
 qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile).")
 
 
+# ---------------------------------------------------------------- MXFP4
+#
+# MXFP4_R16, per group of 16 rows and block of 32 (272 bytes, 16 x 17): the 16 rows' exponent
+# bytes, then Q4_0_R16's four words of 4-bit codes. A step looks each code up as its level + 12
+# (0..24: unsigned, as vpdpbusd takes levels; the sums subtract 12 sum(x16)) with vpshufb, and
+# each exponent as the power of two 2^(e - 128), so weight = level * 2^(e - 128) exactly as
+# gguf-py's dequantize forms it (levels being FP4 values doubled).
+
+MXFP4_BYTES = FORMATS[MXFP4][1]  # 17
+MXFP4_GROUP_BYTES = GROUP * MXFP4_BYTES  # 272
+MXFP4_OFFSET = 12  # -min(MXFP4_LEVELS)
+
+
+def group_mxfp4(out, w):
+    """out = MXFP4 rows w (N, blocks * 17) regrouped as MXFP4_R16 (same shape): N % 16 == 0."""
+    group_nibbles(out, w, 1)
+
+
+_MXFP4_VALUES = np.array(MXFP4_LEVELS, np.float32)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def mxfp4_r16_row_get(w, n, out):
+    """out[:] = row n of MXFP4_R16 weights as float32: 2^(e - 128) * level, as gguf-py dequantizes."""
+    flat, base, r = _row_in_group(w, n)
+    for k in range(w.shape[1] // MXFP4_BYTES):
+        at = base + k * MXFP4_GROUP_BYTES
+        d = np.float32(math.ldexp(1.0, np.int64(flat[at + r]) - 128))  # exact, subnormal below e = 2
+        for o in range(4):
+            for j in range(4):
+                byte = np.int64(flat[at + 16 + 64 * o + 4 * r + j])
+                out[QBLOCK * k + 4 * o + j] = d * _MXFP4_VALUES[byte & 15]
+                out[QBLOCK * k + 16 + 4 * o + j] = d * _MXFP4_VALUES[byte >> 4]
+
+
+def _powers_of_two(b, bp):
+    """The 16 rows' exponent bytes at bp as float32 2^(e - 128) (ggml's e8m0_to_fp32_half)."""
+    e = b.zext(b.load(b.bitcast(bp, ir.VectorType(I8, LANES).as_pointer()), align=1), I32_VEC)
+    c = lambda v: ir.Constant(I32_VEC, [v] * LANES)
+    bits = b.select(b.icmp_unsigned("<", e, c(2)), b.shl(c(0x00200000), e), b.shl(b.sub(e, c(1)), c(23)))
+    return b.bitcast(bits, VEC)
+
+
+def _mxfp4_levels(b, codes):
+    """64 4-bit codes (64 x i8) as their levels + 12: a byte table lookup (vpshufb: AVX-512 BW,
+    or AVX2 half by half), or computed lane by lane elsewhere."""
+    table = [v + MXFP4_OFFSET for v in MXFP4_LEVELS]
+    if has("avx512bw"):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(BYTES64, [BYTES64, BYTES64]), "llvm.x86.avx512.pshuf.b.512")
+        return b.call(fn, [ir.Constant(BYTES64, table * 4), codes])
+    if has("avx2"):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(BYTES32, [BYTES32, BYTES32]), "llvm.x86.avx2.pshuf.b")
+        halves = [b.call(fn, [ir.Constant(BYTES32, table * 2), b.shuffle_vector(codes, codes, ir.Constant(ir.VectorType(I32, 32), list(range(h, h + 32))))])
+                  for h in (0, 32)]
+        return b.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+    c = lambda v: ir.Constant(BYTES64, [v] * 64)
+    m = b.and_(codes, c(7))  # magnitude m below 4, else (2 + (m & 1)) << ((m >> 1) - 1)
+    big = b.shl(b.add(c(2), b.and_(m, c(1))), b.and_(b.sub(b.lshr(m, c(1)), c(1)), c(3)))
+    mag = b.select(b.icmp_unsigned("<", m, c(4)), m, big)
+    return b.add(c(MXFP4_OFFSET), b.select(b.icmp_unsigned(">=", codes, c(8)), b.sub(c(0), mag), mag))
+
+
+_mxfp4_step = _block_step(MXFP4_OFFSET, lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],
+                          _powers_of_two)
+mxfp4_r16_tile = _group_tile(MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step, "MXFP4_R16 rows of group g . G tokens (_group_tile).")
+
+
 # ---------------------------------------------------------------- each layout, by its code
 
-TILES = {Q4_0_R16: q4_r16_tile, Q5_0_R16: q5_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile}
-ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get}
+TILES = {Q4_0_R16: q4_r16_tile, Q5_0_R16: q5_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile,
+         MXFP4_R16: mxfp4_r16_tile}
+ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get,
+               MXFP4_R16: mxfp4_r16_row_get}
 
 
 def grouped_rows(fmt, out, col, w, g, xo, xs):

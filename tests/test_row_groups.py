@@ -1,4 +1,4 @@
-"""Q4_0, Q5_0, Q8_0, Q4_K and Q6_K in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
+"""Q4_0, Q5_0, Q8_0, Q4_K, Q6_K and MXFP4 in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
 every weight (dequantized bit for bit as gguf-py does), activations split into bytes exactly,
 products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
 same bits."""
@@ -7,12 +7,12 @@ import minillm.kernels.integer_products as KQ
 import numpy as np
 import pytest
 from gguf_tiny import random_blocks
-from minillm.kernels.gguf_blocks import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
+from minillm.kernels.gguf_blocks import MXFP4, MXFP4_LEVELS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from numba import njit
 
 from minillm import kernels as K
 
-FORMATS = [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K]
+FORMATS = [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4]
 
 
 @njit(cache=True)
@@ -46,6 +46,11 @@ def levels_and_scales(fmt, q, cols):
         qs = blocks[:, :, 6:].astype(np.int64)
         fifth = (qh >> np.arange(32)) & 1
         return np.concatenate([qs & 15, qs >> 4], axis=2) + 16 * fifth - 16, d, np.zeros_like(d)
+    if fmt == MXFP4:  # FP4 codes' levels (doubled values), scales 2^(e - 128)
+        blocks = q.reshape(N, cols // 32, 17)
+        qs = blocks[:, :, 1:].astype(np.int64)
+        d = np.ldexp(np.float32(1.0), blocks[:, :, 0].astype(np.int32) - 128).astype(np.float32)
+        return np.array(MXFP4_LEVELS)[np.concatenate([qs & 15, qs >> 4], axis=2)], d, np.zeros_like(d)
     if fmt == Q8_0:
         blocks = q.reshape(N, cols // 32, 34)
         d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)

@@ -236,9 +236,9 @@ def load_checkpoint(
 
     def mxfp4(name: str, rows: slice) -> list[Linear]:
         """gpt-oss's MXFP4 experts `name` (its _blocks and _scales), rows `rows` of each, as
-        GGUF's MXFP4 blocks: run as stored whatever the load precision."""
+        GGUF's MXFP4 blocks: run as stored (regrouped for integer products) whatever the load precision."""
         blocks, scales = owner[name + "_blocks"].raw(name + "_blocks"), owner[name + "_scales"].raw(name + "_scales")
-        return [Linear(mxfp4_blocks(blocks[e, rows], scales[e, rows]), F.BY_NAME["MXFP4"]) for e in range(blocks.shape[0])]
+        return [runnable_blocks(mxfp4_blocks(blocks[e, rows], scales[e, rows]), F.BY_NAME["MXFP4"]) for e in range(blocks.shape[0])]
 
     return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, mxfp4)
 
