@@ -35,9 +35,54 @@ CODE = '''def total_price(items, tax_rate):
     tax = subtotal * tax_rate
     return subtotal + tax
 '''
+MODULE = '''import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int
+
+
+def load_items(path):
+    with open(path) as f:
+        rows = json.load(f)
+    return [Item(row["name"], row["price"], row["quantity"]) for row in rows]
+
+
+def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item.price < best.price:
+            best = item
+    return best
+
+
+def report(items, tax_rate):
+    lines = [f"{item.name}: {item.quantity} x {item.price:.2f}" for item in items]
+    lines.append(f"total: {total_price(items, tax_rate):.2f}")
+    return "\n".join(lines)
+'''
+DOCUMENT = ("Order confirmation\n\nThank you for your order, Maria Lindqvist. Your order number is 48213-KX and it "
+            "was placed on 14 March 2026. We will ship it to 12 Harbour Street, Bergen, Norway, within three working "
+            "days. Questions? Write to support@example.com and quote your order number. The total charged to your "
+            "card was 1,249.00 NOK, including VAT.")
 TASKS = {
     "copy a paragraph": f"Repeat this paragraph exactly, word for word:\n\n{PARAGRAPH}",
     "rename in code": f"Rewrite this Python function with the variable `subtotal` renamed to `net`. Reply with the code only.\n\n{CODE}",
+    "rename in a module": f"Rewrite this Python module with the variable `items` renamed to `products` everywhere. Reply with the code only.\n\n{MODULE}",
+    "extract as JSON": "From this document, extract the customer name, order number, date, address and total as a JSON object. "
+                       f"Reply with the JSON only.\n\n{DOCUMENT}",
     "fix typos": "Correct the spelling in this text and return the whole corrected text:\n\n" + PARAGRAPH.replace("engine", "engnie")
                  .replace("compiled", "compilled").replace("prefix", "prefx"),
     "open-ended": "Write a short story about a lighthouse keeper who finds a message in a bottle.",

@@ -37,7 +37,7 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap, sinks):
     """R query heads that share one KV head (GQA), one query each: out, q (R * hd,) the heads side
     by side; per head, softmax(cap(keys[:n] q * scale)) values[:n], cap(z) = softcap * tanh(z /
     softcap) when softcap > 0 (Gemma 2), z otherwise. sinks: (R,) each head's sink logit, a term
-    of the softmax's denominator that weighs no value (gpt-oss), or (0,) for none.
+    of the softmax's denominator that weighs no value (gpt-oss), or None (compiled without them).
 
     keys, values: (>= n_keys, stored row) of the KV head in its KV format (kernels.kv_rows), from
     the first key the queries see; s (R, >= n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
@@ -103,12 +103,12 @@ def _probabilities(s, q, keys, n_keys, scale, softcap, sinks, h):
     m = max_chunks(s, n_keys)  # in vectors: a running max is a serial chain
     for j in range(n_keys - n_keys % LANES, n_keys):
         m = max(m, s[j])
-    if sinks.shape[0] > 0:
+    if sinks is not None:
         m = max(m, sinks[h])
     for j in range(n_keys):
         s[j] = exp_f32(s[j] - m)
     norm = total(s, n_keys)
-    if sinks.shape[0] > 0:
+    if sinks is not None:
         norm += exp_f32(sinks[h] - m)
     for j in range(n_keys):
         s[j] = divide(s[j], norm)  # norm >= 1: the max's own term is exp(0)
@@ -139,7 +139,7 @@ def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, 
     h hd..(h + 1) hd), at positions pos0.., into the same rows and columns of out: a prefill
     attention task. Their scores come from 4 x 4 register tiles, so each key is loaded once for
     four queries; scores rows row0.. are this task's scratch. Every score, and so every output,
-    equals what attend gives one query alone (the decode path), bit for bit. sinks: (nh,) or (0,)."""
+    equals what attend gives one query alone (the decode path), bit for bit. sinks: (nh,) or None."""
     hd = head_dim_of(keys)
     row = keys.shape[1]
     ctx = scores.shape[1]
@@ -167,7 +167,7 @@ def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap, si
     Query t sits at position p = pos0 + t and sees cache positions 0..p, or with a sliding
     window (window > 0) the last `window` of them, p - window + 1..p. Query head h reads
     KV head h // n_rep (GQA without copying KV heads). scores: (4 * threads, ctx) scratch, four
-    rows per thread. sinks: (nh,) each head's sink logit (gpt-oss), or (0,).
+    rows per thread. sinks: (nh,) each head's sink logit (gpt-oss), or None.
     """
     nkv = k_cache.shape[0]
     hd = head_dim_of(k_cache[0])

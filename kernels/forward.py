@@ -50,7 +50,7 @@ from .kv_rows import kv_store
 from .matmul import ROWS_PER_TASK, call_linear, call_row
 from .rmsnorm import rmsnorm_row
 from .rope import rope_row
-from .swiglu import gated_row, softcap_row
+from .swiglu import GELU_TANH, clamped_gated_row, gated_row, softcap_row
 from .work_sharing import claim, start_claims
 
 # The constants the forward pass passes to its helpers are NumPy integers: Numba types a Python
@@ -622,11 +622,20 @@ def residual_step(t, threads, state):
 
 
 def gate_step(t, threads, state):
-    """Thread t's rows of gate = act(gate + bias) * (up + bias)."""
+    """Thread t's rows of gate = act(gate + bias) * (up + bias), act SiLU or GELU-tanh."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     gate, up = _mlp_rows(ws.gate, T, ws.params[P_WIDTH]), _mlp_rows(ws.up, T, ws.params[P_WIDTH])
-    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation, w.swiglu_alpha, w.swiglu_limit)
+    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation == GELU_TANH)
+
+
+def gate_step_clamped(t, threads, state):
+    """gate_step with gpt-oss's clamped SwiGLU (its experts carry their biases themselves)."""
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    T, width = ws.params[P_ROWS], ws.params[P_WIDTH]
+    gate, up = _mlp_rows(ws.gate, T, width), _mlp_rows(ws.up, T, width)
+    for r in range(T * t // threads, T * (t + 1) // threads):
+        clamped_gated_row(gate[r], up[r], w.swiglu_alpha, w.swiglu_limit)
 
 
 def attention_step(t, threads, state):
@@ -634,18 +643,18 @@ def attention_step(t, threads, state):
     t's share of the tasks of _attention_tasks. Query head h reads KV head h // n_rep (GQA without
     copying KV heads); a query at position p sees positions 0..p, or with a sliding window the
     last `window` of them. Every output equals what attend gives one query alone, bit for bit.
-    float32 KV; KV_STEPS has the other formats'."""
+    float32 KV; KV_STEPS has the other formats', and those with attention sinks."""
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
-    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32))
+    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), None)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _attention_share(t, rows, w, ws, k_pool, v_pool):
-    """attention_step with the pools as their KV format's rows (kernels.kv_rows)."""
+def _attention_share(t, rows, w, ws, k_pool, v_pool, sinks):
+    """attention_step with the pools as their KV format's rows (kernels.kv_rows); sinks w.sinks
+    (gpt-oss), or None: compiled without them."""
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     att, qkv, positions, slots, tasks, scores, claims = ws.att[:T], ws.qkv[:T], rows.positions, rows.slots, ws.tasks, ws.scores, ws.claims[0:2]
     window, scale, softcap = w.window[l], w.attn_scale, w.attn_softcap
-    sinks = w.sinks[l]  # (nh,) or (0,)
     hd = ws.att.shape[1] // w.heads
     n_rep = w.heads // k_pool.shape[2]
     row0 = t * (scores.shape[0] // claims.shape[1])  # this thread's score rows
@@ -656,10 +665,15 @@ def _attention_share(t, rows, w, ws, k_pool, v_pool):
         keys, values = k_pool[slot, l, h0 // n_rep], v_pool[slot, l, h0 // n_rep]
         if r1 - r0 == 1:  # a lone query: its heads of one KV head together
             j0 = first_key(pos0, window)
-            attend(att[r0, h0 * hd : h1 * hd], qkv[r0, h0 * hd : h1 * hd], keys[j0:], values[j0:], pos0 + 1 - j0,
-                   scores[row0 : row0 + h1 - h0], scale, softcap, sinks[h0:h1])  # empty without sinks
-        else:  # up to 4 queries of one head, consecutive positions
-            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, sinks)
+            out, q, s = att[r0, h0 * hd : h1 * hd], qkv[r0, h0 * hd : h1 * hd], scores[row0 : row0 + h1 - h0]
+            if sinks is None:
+                attend(out, q, keys[j0:], values[j0:], pos0 + 1 - j0, s, scale, softcap, None)
+            else:
+                attend(out, q, keys[j0:], values[j0:], pos0 + 1 - j0, s, scale, softcap, sinks[l, h0:h1])
+        elif sinks is None:  # up to 4 queries of one head, consecutive positions
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, None)
+        else:
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, sinks[l])
         task = claim(claims, t, claims.shape[1])
 
 
@@ -690,7 +704,7 @@ PARALLEL_REGION = len(STEPS)
 
 def attention_step_float16(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
-    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16))
+    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), None)
 
 
 def qkv_step_float16(t, threads, state):
@@ -700,7 +714,7 @@ def qkv_step_float16(t, threads, state):
 
 def attention_step_bfloat16(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
-    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16))
+    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), None)
 
 
 def qkv_step_bfloat16(t, threads, state):
@@ -710,7 +724,7 @@ def qkv_step_bfloat16(t, threads, state):
 
 def attention_step_q8_0(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
-    _attention_share(t, rows, w, ws, k_pool, v_pool)  # Q8_0 blocks are bytes already
+    _attention_share(t, rows, w, ws, k_pool, v_pool, None)  # Q8_0 blocks are bytes already
 
 
 def qkv_step_q8_0(t, threads, state):
@@ -718,11 +732,34 @@ def qkv_step_q8_0(t, threads, state):
     _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin)
 
 
-KV_STEPS = {  # KV format -> its (attention, qkv) steps
-    "float32": (attention_step, qkv_step),
-    "float16": (attention_step_float16, qkv_step_float16),
-    "bfloat16": (attention_step_bfloat16, qkv_step_bfloat16),
-    "q8_0": (attention_step_q8_0, qkv_step_q8_0),
+# With attention sinks (gpt-oss): steps of their own, so other models never compile them.
+
+
+def attention_step_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), w.sinks)
+
+
+def attention_step_float16_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), w.sinks)
+
+
+def attention_step_bfloat16_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), w.sinks)
+
+
+def attention_step_q8_0_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
+    _attention_share(t, rows, w, ws, k_pool, v_pool, w.sinks)
+
+
+KV_STEPS = {  # KV format -> its (attention, attention with sinks, qkv) steps
+    "float32": (attention_step, attention_step_sinks, qkv_step),
+    "float16": (attention_step_float16, attention_step_float16_sinks, qkv_step_float16),
+    "bfloat16": (attention_step_bfloat16, attention_step_bfloat16_sinks, qkv_step_bfloat16),
+    "q8_0": (attention_step_q8_0, attention_step_q8_0_sinks, qkv_step_q8_0),
 }
 _compiled: dict = {}
 _STEP_SIGNATURE = types.void(types.int64, types.int64, types.int64)
@@ -739,12 +776,14 @@ def _compile_step(step):
     return _compiled[step][1]
 
 
-def step_kernels(kv_format: str = "float32", experts: bool = False) -> np.ndarray:
+def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, clamped: bool = False) -> np.ndarray:
     """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
     the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
-    mixture of experts (else 0: never called)."""
-    attention, qkv = KV_STEPS[kv_format]
-    steps = [attention if step is attention_step else qkv if step is qkv_step else step for step in STEPS]
+    mixture of experts (else 0: never called); attention with sinks and the clamped SwiGLU gate
+    only for a model that has them (gpt-oss)."""
+    plain, with_sinks, qkv = KV_STEPS[kv_format]
+    chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate_step_clamped if clamped else gate_step}
+    steps = [chosen.get(step, step) for step in STEPS]
     return np.array([0 if step in MOE_STEPS and not experts else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
 
 
@@ -860,9 +899,9 @@ def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _gate_span(r0, r1, gate, up, bias, l, act, alpha, limit):
+def _gate_span(r0, r1, gate, up, bias, l, gelu):
     """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
-    the model has biases, act one of kernels.swiglu's. The loop vectorises (vector_math.divide):
+    the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):
     as a scalar loop SiLU took ~4% of an int8 step."""
     I = gate.shape[1]
     for t in range(r0, r1):
@@ -870,6 +909,6 @@ def _gate_span(r0, r1, gate, up, bias, l, act, alpha, limit):
             for n in range(I):
                 gate[t, n] += bias[l, n]
                 up[t, n] += bias[l, I + n]
-        gated_row(gate[t], up[t], act, alpha, limit)
+        gated_row(gate[t], up[t], gelu)
 
 

@@ -37,30 +37,39 @@ SILU, GELU_TANH, CLAMPED_SWIGLU = 0, 1, 2
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def gated_row(g, u, act, alpha, limit):
-    """The MLP's gate over one row, in place: g = silu(g) * u, GELU-tanh(g) * u (Gemma) or
-    gpt-oss's clamped SwiGLU (alpha, limit), by `act`. The choice is made once, outside the loop:
-    inside, it kept the loop scalar (81 ms of a 512-token bfloat16 prefill of the default model,
-    6 ms vectorised). In place, not into a third array that may alias g: an output that might
-    overlap failed the loop's run-time overlap check and ran scalar too."""
-    if act == GELU_TANH:
+def gated_row(g, u, gelu):
+    """The MLP's gate over one row, in place: g = silu(g) * u, or with `gelu` GELU-tanh(g) * u
+    (Gemma). The choice is made once, outside the loop: inside, it kept the loop scalar (81 ms of
+    a 512-token bfloat16 prefill of the default model, 6 ms vectorised). In place, not into a
+    third array that may alias g: an output that might overlap failed the loop's run-time overlap
+    check and ran scalar too."""
+    if gelu:
         for i in range(g.shape[0]):
             g[i] = gelu_tanh_mul(g[i], u[i])
-    elif act == CLAMPED_SWIGLU:
-        a, lim = np.float32(alpha), np.float32(limit)
-        for i in range(g.shape[0]):
-            g[i] = clamped_swiglu(g[i], u[i], a, lim)
     else:
         for i in range(g.shape[0]):
             g[i] = silu_mul(g[i], u[i])
 
 
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def clamped_gated_row(g, u, alpha, limit):
+    """gpt-oss's gate over one row, in place: g = clamped_swiglu(g, u). A function of its own,
+    so the other models' forward pass never compiles it."""
+    a, lim = np.float32(alpha), np.float32(limit)
+    for i in range(g.shape[0]):
+        g[i] = clamped_swiglu(g[i], u[i], a, lim)
+
+
 @kernel(fastmath=EXACT_MATH)
 def gated(out, gate, up, act, alpha, limit):
-    """out = act(gate) * up (gated_row's activations).  All (T, I); out may alias gate."""
+    """out = act(gate) * up, act SILU, GELU_TANH or CLAMPED_SWIGLU (alpha, limit).  All (T, I);
+    out may alias gate."""
     for t in prange(gate.shape[0]):
         out[t] = gate[t]
-        gated_row(out[t], up[t], act, alpha, limit)
+        if act == CLAMPED_SWIGLU:
+            clamped_gated_row(out[t], up[t], alpha, limit)
+        else:
+            gated_row(out[t], up[t], act == GELU_TANH)
 
 
 @kernel(fastmath=EXACT_MATH)

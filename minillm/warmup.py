@@ -43,10 +43,10 @@ def formats_for(dtype: str | None = None, names=()) -> list:
     return sorted(set(found), key=lambda f: f.code)
 
 
-def warm(formats, kv_dtype: str = "float32", experts: bool = False) -> float:
+def warm(formats, kv_dtype: str = "float32", experts: bool = False, gpt_oss: bool = False) -> float:
     """Compile (or load from the cache) the forward pass for a KV cache format (with a mixture of
-    experts' steps when `experts`), sampling's kernels and the kernels of `formats`; returns the
-    seconds it took."""
+    experts' steps when `experts`, and gpt-oss's attention sinks and clamped SwiGLU when
+    `gpt_oss`), sampling's kernels and the kernels of `formats`; returns the seconds it took."""
     from . import kernels as K
     from .kernels import forward as F
     from .kernels.jit import CompileNotice
@@ -55,7 +55,7 @@ def warm(formats, kv_dtype: str = "float32", experts: bool = False) -> float:
     operands = sorted({f.operand for f in formats} - {K.Operand.FLOAT32})
     names = ", ".join(sorted({f.group_of or f.name for f in formats})) or "no weight format"
     with CompileNotice(f"the forward pass and kernels for {names}", jobs=len(formats) + len(operands) + 3) as notice:
-        F.step_kernels(kv_dtype, experts)
+        F.step_kernels(kv_dtype, experts or gpt_oss, sinks=gpt_oss, clamped=gpt_oss)
         notice.step()
         F.forward.compile(F.STATE_TYPE.types)  # the forward pass takes the state's parts as its arguments
         notice.step()

@@ -42,7 +42,7 @@ def ref_rope(x, cos, sin, positions, hd):
     return (xh * c + rotated * s).reshape(T, width).astype(np.float32)
 
 
-NO_SINKS = np.zeros(0, np.float32)
+NO_SINKS = None  # compiled without sinks
 
 
 def ref_attention(q, k_cache, v_cache, pos0, window=0, scale=None, softcap=0.0, sinks=None):
@@ -229,7 +229,7 @@ def test_attention_window_scale_softcap(window, softcap, sinks):
         for h in range(nh):
             alone = np.empty(hd, np.float32)
             kv = h // (nh // nkv)
-            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap, sink[h : h + 1])
+            K.attend(alone, q[t, h * hd : (h + 1) * hd], k_cache[kv, lo:], v_cache[kv, lo:], p + 1 - lo, s, scale, cap, None if sink is None else sink[h : h + 1])
             np.testing.assert_array_equal(alone, out[t, h * hd : (h + 1) * hd])
 
 

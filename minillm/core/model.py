@@ -223,7 +223,9 @@ class Model:
         assert state == K.forward_state_type, f"the forward pass's state has type {state}, not {K.forward_state_type}"
         kv = "" if self.kv_dtype == "float32" else f" ({self.kv_dtype} KV cache)"
         with CompileNotice(f"the forward pass{kv}", jobs=2) as notice:
-            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype, experts=self.config.num_experts > 0)
+            cfg = self.config
+            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks,
+                                                         clamped=cfg.hidden_act == "clamped_swiglu")
             notice.step()
             self._run(rows, k, k.copy())
             notice.step()
