@@ -135,9 +135,11 @@ def test_lookup_proposes_what_followed_the_latest_occurrence():
     assert lookup.propose(10) == [5, 6, 7, 1]  # after the latest "1 2 3", the first proposal is 4 long
     lookup.update(4, 4)
     lookup.extend([5, 6, 7, 1, 2, 3])
-    assert lookup.propose(10) == [5, 6, 7, 1, 2, 3]  # doubled to 8, 6 available
+    assert lookup.propose(10) == [5, 6, 7, 1, 2, 3, 5, 6]  # doubled to 8: the repetition goes on past the end
     assert lookup.propose(2) == [5, 6]  # no more than the room left
     assert PromptLookup([1, 2, 3, 4], most=8, ngram=3).propose(8) == []  # nothing repeats
+    run = PromptLookup([7, 0, 0, 0], most=8, ngram=3)
+    assert run.propose(8) == [0, 0, 0, 0]  # a run proposes more of itself, not one token a step
 
 
 def test_lookup_backs_off_when_refused():

@@ -10,7 +10,9 @@ Prompt lookup: the text proposes its own continuation.
 Tasks whose output repeats their input (editing code, rewriting, extraction, quoting a document)
 let the sequence's own tokens guess what comes next: when its last n tokens (NGRAM_MIN <= n <=
 ngram, longest first) occurred before, in the prompt or the output, the tokens that followed their
-latest occurrence are proposed. The engine runs them as extra rows of the sequence's next step and
+latest occurrence are proposed; where those run into the sequence's end, the repetition they are
+part of continues (a run of one token, a repeated line: otherwise a run of zeros would propose
+one token a step). The engine runs them as extra rows of the sequence's next step and
 keeps each while it is the very token plain decoding would choose there (minillm.core.engine), so
 the text never changes; a row costs far less than a step, so every accepted token is nearly free.
 
@@ -126,7 +128,9 @@ class PromptLookup(ProposalLength):
 
     def propose(self, room: int) -> list[int]:
         """Up to min(the current length, room) tokens that followed the latest earlier occurrence
-        of the longest n-gram the sequence now ends with; [] when none occurred or resting."""
+        of the longest n-gram the sequence now ends with, continued periodically past the
+        sequence's end (the period: from that occurrence's end to the sequence's); [] when none
+        occurred or resting."""
         limit = self.next(room)
         if limit <= 0:
             return []
@@ -134,5 +138,6 @@ class PromptLookup(ProposalLength):
         for n in range(min(self.ngram, len(tokens)), NGRAM_MIN - 1, -1):
             end = self._latest.get(tuple(tokens[len(tokens) - n :]))
             if end is not None:
-                return tokens[end : end + limit]
+                period = len(tokens) - end
+                return [tokens[end + i % period] for i in range(limit)]
         return []
