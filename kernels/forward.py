@@ -228,7 +228,7 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
             x[t, n] *= np.float32(w.embed_scale)
     capture = rows.hidden.shape[0] > 0
     if capture:
-        rows.hidden[0, :T] = x
+        _copy_rows(rows.hidden[0], x)
     for l in range(L):
         m = MATRIX_KINDS * l
         ws.params[P_LAYER], ws.params[P_ROWS] = l, T
@@ -250,7 +250,7 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         ws.params[P_ROWS] = T
         _row_step(RESIDUAL, MLP_PART, wide, w, ws, state)
         if capture:
-            rows.hidden[l + 1, :T] = x
+            _copy_rows(rows.hidden[l + 1], x)
     if capture:
         for t in range(T):
             rmsnorm_row(rows.hidden[L + 1, t], x[t], w.final_norm, w.eps)
@@ -263,6 +263,15 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
     if w.final_softcap > 0:
         for g in range(G):
             softcap_row(rows.logits[g], w.final_softcap)
+
+
+@njit(cache=True, _nrt=False)
+def _copy_rows(out, x):
+    """out[:len(x)] = x, element by element: a slice assignment from an array compiles Numba's
+    shape-mismatch message (f-strings, str, join), ~5 s of a first run's forward pass."""
+    for t in range(x.shape[0]):
+        for n in range(x.shape[1]):
+            out[t, n] = x[t, n]
 
 
 @njit(cache=True, _nrt=False)
