@@ -178,15 +178,24 @@ def _pick(b, tables, idx, scale, offset=None, sub=0):
     return value
 
 
-def _mxfp4_level(b, idx):
-    """MXFP4_LEVELS[idx] computed lane by lane (no permutes): magnitude m = idx & 7 below 4,
-    else (2 + (m & 1)) << ((m >> 1) - 1); negative for idx >= 8."""
-    c = lambda v: _ivec(b, idx, v)
+def mxfp4_levels(b, idx):
+    """MXFP4_LEVELS[idx] computed lane by lane (no permutes), in idx's own integer vector type:
+    magnitude m = idx & 7 below 4, else (2 + (m & 1)) << ((m >> 1) - 1); negative for idx >= 8."""
+    c = lambda v: ir.Constant(idx.type, [v] * idx.type.count)
     m = b.and_(idx, c(7))
     shift = b.and_(b.sub(b.lshr(m, c(1)), c(1)), c(3))  # 1 or 2 where used; in range elsewhere
     big = b.shl(b.add(c(2), b.and_(m, c(1))), shift)
     mag = b.select(b.icmp_unsigned("<", m, c(4)), m, big)
     return b.select(b.icmp_unsigned(">=", idx, c(8)), b.sub(c(0), mag), mag)
+
+
+def e8m0_half(b, e):
+    """MXFP4's scale: the exponent byte(s) e, zero-extended to i32 (a scalar or a vector), as float32
+    2^(e - 128), ggml's e8m0_to_fp32_half: the bits (e - 1) << 23, subnormal 0x200000 << e for e < 2."""
+    vector = isinstance(e.type, ir.VectorType)
+    c = (lambda v: ir.Constant(e.type, [v] * e.type.count)) if vector else (lambda v: ir.Constant(I32, v))
+    bits = b.select(b.icmp_unsigned("<", e, c(2)), b.shl(c(0x00200000), e), b.shl(b.sub(e, c(1)), c(23)))
+    return b.bitcast(bits, ir.VectorType(F32, e.type.count) if vector else F32)
 
 
 def _intrinsic_fn(b, name, ret, args):
@@ -229,15 +238,12 @@ def dequant_chunks(b, fmt, bp):
         tables = _level_values(b, list(range(n)), d, offset, sub) if _permute_ready() else None
         return [_pick(b, tables, h, d, offset, sub) for h in (lo, hi)]
     if fmt == MXFP4:
-        # weight = 2^(e - 128) * level: ggml's e8m0_to_fp32_half, subnormal for e < 2
-        e = b.zext(_byte(b, bp, 0), I32)
-        bits = b.select(b.icmp_unsigned("<", e, I32(2)), b.shl(I32(0x00200000), e), b.shl(b.sub(e, I32(1)), I32(23)))
-        d = b.bitcast(bits, F32)
+        d = e8m0_half(b, b.zext(_byte(b, bp, 0), I32))  # weight = 2^(e - 128) * level
         lo, hi = _nibble_halves(b, _bytes(b, bp, 1, 16))
         if _permute_ready():
             tables = _level_values(b, list(MXFP4_LEVELS), d)
             return [_pick(b, tables, h, d) for h in (lo, hi)]
-        return [b.fmul(splat(b, d), _as_f32(b, _mxfp4_level(b, h))) for h in (lo, hi)]
+        return [b.fmul(splat(b, d), _as_f32(b, mxfp4_levels(b, h))) for h in (lo, hi)]
     if fmt in (Q4_K, Q5_K):
         d, dmin = _f16(b, bp, 0), _f16(b, bp, 2)
         qs_at = 16 if fmt == Q4_K else 48

@@ -36,7 +36,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .gguf_blocks import FORMATS, MXFP4, MXFP4_LEVELS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, literal_value, prefetch_offsets
+from .gguf_blocks import FORMATS, MXFP4, MXFP4_LEVELS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, e8m0_half, literal_value, mxfp4_levels, prefetch_offsets
 from .jit import EXACT_MATH, kernel
 from .target import has
 from .vector_ir import (
@@ -822,7 +822,7 @@ qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of gro
 
 MXFP4_BYTES = FORMATS[MXFP4][1]  # 17
 MXFP4_GROUP_BYTES = GROUP * MXFP4_BYTES  # 272
-MXFP4_OFFSET = 12  # -min(MXFP4_LEVELS)
+MXFP4_OFFSET = -min(MXFP4_LEVELS)  # 12
 
 
 def group_mxfp4(out, w):
@@ -849,10 +849,7 @@ def mxfp4_r16_row_get(w, n, out):
 
 def _powers_of_two(b, bp):
     """The 16 rows' exponent bytes at bp as float32 2^(e - 128) (ggml's e8m0_to_fp32_half)."""
-    e = b.zext(b.load(b.bitcast(bp, ir.VectorType(I8, LANES).as_pointer()), align=1), I32_VEC)
-    c = lambda v: ir.Constant(I32_VEC, [v] * LANES)
-    bits = b.select(b.icmp_unsigned("<", e, c(2)), b.shl(c(0x00200000), e), b.shl(b.sub(e, c(1)), c(23)))
-    return b.bitcast(bits, VEC)
+    return e8m0_half(b, b.zext(b.load(b.bitcast(bp, ir.VectorType(I8, LANES).as_pointer()), align=1), I32_VEC))
 
 
 def _mxfp4_levels(b, codes):
@@ -867,11 +864,7 @@ def _mxfp4_levels(b, codes):
         halves = [b.call(fn, [ir.Constant(BYTES32, table * 2), b.shuffle_vector(codes, codes, ir.Constant(ir.VectorType(I32, 32), list(range(h, h + 32))))])
                   for h in (0, 32)]
         return b.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(I32, 64), list(range(64))))
-    c = lambda v: ir.Constant(BYTES64, [v] * 64)
-    m = b.and_(codes, c(7))  # magnitude m below 4, else (2 + (m & 1)) << ((m >> 1) - 1)
-    big = b.shl(b.add(c(2), b.and_(m, c(1))), b.and_(b.sub(b.lshr(m, c(1)), c(1)), c(3)))
-    mag = b.select(b.icmp_unsigned("<", m, c(4)), m, big)
-    return b.add(c(MXFP4_OFFSET), b.select(b.icmp_unsigned(">=", codes, c(8)), b.sub(c(0), mag), mag))
+    return b.add(ir.Constant(BYTES64, [MXFP4_OFFSET] * 64), mxfp4_levels(b, codes))
 
 
 _mxfp4_step = _block_step(MXFP4_OFFSET, lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],

@@ -218,29 +218,35 @@ def load_checkpoint(
             return Linear(w, F.BY_NAME[F.LOAD_DTYPES[dtype]])
         return pack(lambda r0, r1: f.read_rows(name, r0, r1), f.tensors[name].shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
 
-    def stacked(name: str, columns: slice | None = None) -> list[Linear]:
-        """A 3-D tensor (E, N, K) as E matrices: views of the mapped file, or each converted. With
-        `columns`, the tensor is stored transposed, (E, K, N'), and each matrix is those of its
-        N' columns, transposed (gpt-oss)."""
+    def stacked(name: str) -> list[Linear]:
+        """A 3-D tensor (E, N, K) as E matrices: views of the mapped file, or each converted."""
         f = owner[name]
         stored, (E, N, Kdim) = f.tensors[name].dtype, f.tensors[name].shape
         if check_finite:
             require_finite(f.float32(name), f.path, name)
-        if columns is not None:
-            full = f.float32(name)
-            parts = [full[e][:, columns].T for e in range(E)]
-            return [pack(lambda r0, r1, t=t: t[r0:r1], t.shape, dtype, f.path, f"{name}[{e}]") for e, t in enumerate(parts)]
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):
             return [Linear(on_cache_lines(f.raw(name)[e]), F.BY_NAME[F.LOAD_DTYPES[dtype]]) for e in range(E)]
         return [pack(lambda r0, r1, e=e: f.read_rows(name, e, e + 1)[0, r0:r1], (N, Kdim), dtype, f.path, f"{name}[{e}]") for e in range(E)]
 
-    def mxfp4(name: str, rows: slice) -> list[Linear]:
-        """gpt-oss's MXFP4 experts `name` (its _blocks and _scales), rows `rows` of each, as
-        GGUF's MXFP4 blocks: run as stored (regrouped for integer products) whatever the load precision."""
-        blocks, scales = owner[name + "_blocks"].raw(name + "_blocks"), owner[name + "_scales"].raw(name + "_scales")
-        return [runnable_blocks(mxfp4_blocks(blocks[e, rows], scales[e, rows]), F.BY_NAME["MXFP4"]) for e in range(blocks.shape[0])]
+    def transposed(name: str, parts: tuple[slice, ...]) -> list[list[Linear]]:
+        """gpt-oss's experts `name`, stored transposed (E, K, N): per slice of `parts`, the E
+        matrices of those of the N columns, converted. The tensor is read once for all parts."""
+        f = owner[name]
+        full = f.float32(name)
+        if check_finite:
+            require_finite(full, f.path, name)
+        matrices = [[full[e][:, cols].T for e in range(full.shape[0])] for cols in parts]
+        return [[pack(lambda r0, r1, t=t: t[r0:r1], t.shape, dtype, f.path, f"{name}[{e}]") for e, t in enumerate(ts)] for ts in matrices]
 
-    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, mxfp4)
+    def mxfp4(name: str, parts: tuple[slice, ...]) -> list[list[Linear]]:
+        """gpt-oss's MXFP4 experts `name` (its _blocks and _scales, rows N not transposed): per slice
+        of `parts`, the E matrices of those rows as GGUF's MXFP4 blocks, run as stored (regrouped
+        for integer products) whatever the load precision."""
+        blocks, scales = owner[name + "_blocks"].raw(name + "_blocks"), owner[name + "_scales"].raw(name + "_scales")
+        return [[runnable_blocks(mxfp4_blocks(blocks[e, rows], scales[e, rows]), F.BY_NAME["MXFP4"]) for e in range(blocks.shape[0])]
+                for rows in parts]
+
+    return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, transposed, mxfp4)
 
 
 def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -330,10 +336,11 @@ def _matrix_kind(name: str) -> str:
     return name
 
 
-def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked=None, mxfp4=None) -> Weights:
+def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked=None, transposed=None, mxfp4=None) -> Weights:
     """Weights from a checked tensor source: matrix(name) -> Linear (without bias), vector(name) ->
-    float32, stacked(name) -> a 3-D tensor's matrices (the experts of each, when shapes has them so),
-    mxfp4(name, rows) -> MXFP4-packed experts' matrices (gpt-oss's checkpoints)."""
+    float32, stacked(name) -> a 3-D tensor's matrices (the experts of each, when shapes has them so);
+    gpt-oss's checkpoints: transposed(name, parts) and mxfp4(name, parts) -> per slice of parts, the
+    experts' matrices of those columns (stored transposed) or rows (MXFP4-packed)."""
 
     def norm(name: str | None) -> np.ndarray | None:
         if name is None or name + ".weight" not in shapes:
@@ -357,7 +364,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
             q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
         mlp: dict = {}
         if cfg.layer_is_sparse(i):
-            mlp = _experts(cfg, i, shapes, linear, vector, stacked, mxfp4)
+            mlp = _experts(cfg, i, shapes, linear, vector, stacked, transposed, mxfp4)
         elif cfg.fused_projections:
             mlp = dict(zip(("gate", "up"), split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)))
         else:
@@ -377,7 +384,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
 
 
-def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, mxfp4=None) -> dict:
+def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, transposed=None, mxfp4=None) -> dict:
     """A sparse layer's LayerWeights fields: the router (float32, so every precision routes as
     transformers does; the shared expert's gate as its last row), the experts (from any of
     tensor_names.EXPERT_LAYOUTS), and the shared expert as the layer's gate, up and down (None
@@ -394,13 +401,10 @@ def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, mx
     packed = moe + STACKED_GATE_UP + "_blocks" in shapes
     if cfg.router_bias and (fused == "" or packed):  # gpt-oss: gate and up interleaved, with biases; transposed or MXFP4
         gate_up_bias, down_bias = vector(moe + STACKED_GATE_UP + "_bias"), vector(moe + STACKED_DOWN + "_bias")
-        if packed:
-            gate_up = (mxfp4(moe + STACKED_GATE_UP, slice(0, None, 2)), mxfp4(moe + STACKED_GATE_UP, slice(1, None, 2)))
-            down = mxfp4(moe + STACKED_DOWN, slice(None))
-        else:
-            gate_up = (stacked(moe + STACKED_GATE_UP, slice(0, None, 2)), stacked(moe + STACKED_GATE_UP, slice(1, None, 2)))
-            down = stacked(moe + STACKED_DOWN, slice(None))
-        experts = list(zip(*gate_up, down))
+        read = mxfp4 if packed else transposed
+        gates, ups = read(moe + STACKED_GATE_UP, (slice(0, None, 2), slice(1, None, 2)))
+        (downs,) = read(moe + STACKED_DOWN, (slice(None),))
+        experts = list(zip(gates, ups, downs))
         for e, (gate, up, down) in enumerate(experts):
             gate.b, up.b, down.b = gate_up_bias[e, 0::2].copy(), gate_up_bias[e, 1::2].copy(), down_bias[e]
     elif fused is not None:
