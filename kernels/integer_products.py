@@ -352,11 +352,14 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
 CHAINS = 2
 
 
-def _exact_sums(b, token, e, parts, corr=None, wide_levels=False):
+def _exact_sums(b, token, e, parts, corr=None, wide_levels=False, level_max=None, way=None):
     """The exact integer sums, per row lane, of levels times a token's int16 activations: parts
     are (64 x u8 levels, offset from e of their first weight), each level lane meeting the 4
     activations from there; the high bytes' sums shifted by 8 onto the low bytes' (which start
-    at corr, an i32, or 0). wide_levels: levels may reach 255 (_dpbusd)."""
+    at corr, an i32, or 0). wide_levels: levels may reach 255 (_dpbusd). level_max: the largest
+    level; up to AVX2_INT16_LEVELS, AVX2 adds the parts' pair sums as int16 (_avx2_sums)."""
+    if (way or summing_way()) == "avx2" and level_max is not None and level_max <= AVX2_INT16_LEVELS:
+        return _avx2_sums(b, token, e, parts, corr, level_max)
     plo, phi, _ = token
     zero = ir.Constant(I32_VEC, [0] * LANES)
     sums = []
@@ -372,6 +375,47 @@ def _exact_sums(b, token, e, parts, corr=None, wide_levels=False):
             total = b.add(total, chain)
         sums.append(total)
     return b.add(b.shl(sums[0], ir.Constant(I32_VEC, [8] * LANES)), sums[1])
+
+
+# Levels for which AVX2 sums a step's parts as int16 (_avx2_sums): Q4's, whose 8 parts of a block
+# fit one int16 sum. Default model, haswell target, decode of 128 after 16, 4 alternating rounds:
+# the Q4_0 file 126 -> 143 tok/s and prefill 512 455 -> 518; on the Q4_K_M file Q4_K's level,
+# Q5_0's and both gave 172, 174, 147 and 166 tok/s: Q5_0's (4 parts per sum) lost, whatever a
+# lone matrix of it measured, so larger levels keep a vpmaddwd per part.
+AVX2_INT16_LEVELS = 15
+
+
+def _avx2_sums(b, token, e, parts, corr, level_max):
+    """_exact_sums on AVX2 for levels of at most level_max (< 128): vpmaddubsw's int16 pair sums
+    (each at most 2 * level_max * 128 in magnitude: the activation bytes are within +-128) of up
+    to 32767 // (256 level_max) parts are added as int16, which cannot wrap, before one vpmaddwd
+    widens them to int32; per 32-byte half, as _pair_sums_avx2. For Q4 levels that is one
+    vpmaddwd per 8 parts (a block) instead of one per part."""
+    maddubs = cgutils.get_or_insert_function(b.module, ir.FunctionType(I16x16, [BYTES32, BYTES32]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32x8, [I16x16, I16x16]), "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(I16x16, [1] * 16)
+    half = lambda v, h: b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32))))
+    per = max(1, 32767 // (256 * level_max))
+    plo, phi, _ = token
+    sums = []
+    for p in (phi, plo):
+        words = [None, None]  # int32 sums of each 32-byte half
+        for g in range(0, len(parts), per):
+            pairs = [None, None]
+            for levels, off in parts[g : g + per]:
+                s = _broadcast4(b, p, b.add(e, I64(off)))
+                for h in (0, 1):
+                    v = b.call(maddubs, [half(levels, h), half(s, h)])
+                    pairs[h] = v if pairs[h] is None else b.add(pairs[h], v)
+            for h in (0, 1):
+                v = b.call(maddwd, [pairs[h], ones])
+                words[h] = v if words[h] is None else b.add(words[h], v)
+        sums.append(b.shuffle_vector(words[0], words[1], ir.Constant(I32_VEC, list(range(LANES)))))
+    hi, lo = sums
+    if corr is not None:
+        v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
+        lo = b.add(lo, b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES)))
+    return b.add(b.shl(hi, ir.Constant(I32_VEC, [8] * LANES)), lo)
 
 
 def _row_halves(b, bp, off):
@@ -394,10 +438,10 @@ def _block_words(b, ps, block):
     return b.gep(ps, [b.mul(block, I64(PER_BLOCK))], source_etype=F32)
 
 
-def _block_step(offset, parts_of, scales_of=lambda b, bp: _row_halves(b, bp, 0)):
+def _block_step(offset, level_max, parts_of, scales_of=lambda b, bp: _row_halves(b, bp, 0)):
     """A step over one block of 32 for the 16 rows whose levels are q + offset (the sums
-    subtract offset sum(x16)); parts_of(b, bp) gives the block's (levels, first weight) parts,
-    scales_of(b, bp) its 16 rows' scales (float16 at the block's start)."""
+    subtract offset sum(x16)), at most level_max; parts_of(b, bp) gives the block's (levels,
+    first weight) parts, scales_of(b, bp) its 16 rows' scales (float16 at the block's start)."""
 
     def step(b, bp, k, tokens, totals):
         dw = scales_of(b, bp)
@@ -406,7 +450,7 @@ def _block_step(offset, parts_of, scales_of=lambda b, bp: _row_halves(b, bp, 0))
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], k)
             corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-offset))
-            exact = _exact_sums(b, token, e, parts, corr, wide_levels=offset >= 128)
+            exact = _exact_sums(b, token, e, parts, corr, wide_levels=level_max >= 128, level_max=level_max)
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
         return totals
 
@@ -423,7 +467,7 @@ def _q4_parts(b, bp, words_at=32):
     return parts
 
 
-_q4_step = _block_step(8, _q4_parts)
+_q4_step = _block_step(8, 15, _q4_parts)
 q4_r16_tile = _group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile).")
 
 
@@ -490,7 +534,7 @@ def _q5_parts(b, bp):
     return parts
 
 
-_q5_step = _block_step(16, _q5_parts)
+_q5_step = _block_step(16, 31, _q5_parts)
 q5_r16_tile = _group_tile(Q5_0_GROUP_BYTES, QBLOCK, _q5_step, "Q5_0_R16 rows of group g . G tokens (_group_tile).")
 
 
@@ -527,7 +571,7 @@ def q8_r16_row_get(w, n, out):
                 out[QBLOCK * k + 4 * o + j] = d * np.float32(np.int32(flat[at + 32 + 64 * o + 4 * r + j]) - 128)
 
 
-_q8_step = _block_step(128, lambda b, bp: [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)])  # levels as they are stored
+_q8_step = _block_step(128, 255, lambda b, bp: [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)])  # levels as they are stored
 
 
 q8_r16_tile = _group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile).")
@@ -657,7 +701,7 @@ def _q6_step(b, bp, k, tokens, totals):
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
             x_sum = b.load(b.bitcast(b.gep(pw, [b.zext(b.add(half, I32(1)), I64)], source_etype=F32), I32.as_pointer()), align=4)
-            exact = _exact_sums(b, token, e, parts, b.mul(x_sum, I32(-32)))
+            exact = _exact_sums(b, token, e, parts, b.mul(x_sum, I32(-32)), level_max=63)
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(row_scale, splat(b, b.load(pw, align=4))), totals[j])
         return totals
 
@@ -799,7 +843,7 @@ def _qk_step(b, bp, k, tokens, totals):
         totals = list(totals)
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
-            exact = _exact_sums(b, token, e, parts)
+            exact = _exact_sums(b, token, e, parts, level_max=15)
             da = splat(b, b.load(pw, align=4))
             x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
             total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])
@@ -867,7 +911,7 @@ def _mxfp4_levels(b, codes):
     return b.add(ir.Constant(BYTES64, [MXFP4_OFFSET] * 64), mxfp4_levels(b, codes))
 
 
-_mxfp4_step = _block_step(MXFP4_OFFSET, lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],
+_mxfp4_step = _block_step(MXFP4_OFFSET, MXFP4_OFFSET + max(MXFP4_LEVELS), lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],
                           _powers_of_two)
 mxfp4_r16_tile = _group_tile(MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step, "MXFP4_R16 rows of group g . G tokens (_group_tile).")
 

@@ -37,7 +37,9 @@ from .vector_ir import (
     dpbf16,
     fma_acc,
     half_to_f32,
+    int8_acc_type,
     int8_block_term,
+    int8_lanes,
     int8_pairs_term,
     int8_values,
     int16_values,
@@ -52,6 +54,7 @@ from .vector_ir import (
     round_bf16_chunk,
     splat,
     tile_sums,
+    widen_int8_sums,
 )
 
 
@@ -121,7 +124,8 @@ def _weight_loop(builder, rows, body, rows_below=0):
     K, chunk, A = rows[0].K, rows[0].chunk, rows[0].accs
     per_line = LINE_BYTES // (chunk * rows[0].width)
     group = max(per_line, A)  # chunks per step; a multiple of both
-    zero = ir.Constant(VEC, [0.0] * LANES)
+    acc_type = int8_acc_type() if rows[0].quantized else VEC
+    zero = ir.Constant(acc_type, [0.0] * acc_type.count)
 
     def steps(chunks, prefetch):
         def step(i, flat):  # flat[a * R + r]: accumulator a of row r
@@ -147,6 +151,8 @@ def _weight_loop(builder, rows, body, rows_below=0):
     out = flat[: len(rows)]
     for a in range(1, A):
         out = [builder.fadd(o, f) for o, f in zip(out, flat[a * len(rows) : (a + 1) * len(rows)])]
+    if rows[0].quantized:
+        out = [widen_int8_sums(builder, o) for o in out]
     return out
 
 
@@ -325,10 +331,11 @@ def int8_tile_dot(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
         def term(b, acc, wv, xv):
             (w_values, r, i), (x_values, j) = wv, xv
             at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(per_block)), I64(nr * j + r))
-            scale = splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4))
+            scale = splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4), int8_lanes())
             return int8_pairs_term(b, acc, w_values, x_values, scale)
 
-        sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK)
+        sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK,
+                         acc_type=int8_acc_type())
         _store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
         return context.get_dummy_value()
 

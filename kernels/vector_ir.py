@@ -28,7 +28,8 @@ VEC = ir.VectorType(F32, LANES)
 
 
 def fma_vec(builder, a, b, c):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+    ty = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.v{ty.count}f32")
     return builder.call(fn, [a, b, c])
 
 
@@ -74,10 +75,10 @@ def load_f32(builder, ptr, i):
     return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
 
 
-def splat(builder, scalar):
-    """16 copies of a float32 scalar."""
-    vec = builder.insert_element(ir.Constant(VEC, ir.Undefined), scalar, I32(0))
-    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+def splat(builder, scalar, lanes=LANES):
+    """`lanes` copies of a float32 scalar."""
+    vec = builder.insert_element(ir.Constant(ir.VectorType(F32, lanes), ir.Undefined), scalar, I32(0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
 def half_to_f32(builder, bits, native=None):
@@ -109,15 +110,15 @@ def _has_f16c() -> bool:
     return has("f16c")
 
 
-def f16_splat(builder, sptr, blk):
-    """16 copies of float16 scale blk (uint16 bits at sptr), widened to float32 (exact)."""
+def f16_splat(builder, sptr, blk, lanes=LANES):
+    """`lanes` copies of float16 scale blk (uint16 bits at sptr), widened to float32 (exact)."""
     bits = builder.load(builder.gep(sptr, [blk], source_etype=I16), typ=I16, align=2)
     # Into a zeroed vector, not an undefined one: LLVM would otherwise insert into whatever register
     # is at hand, often the accumulator, and chain every scale behind the previous FMA (2x slower).
     # Widened as a vector: a scalar float16 conversion measured 35% slower in the int8 row loop.
     word = builder.insert_element(ir.Constant(ir.VectorType(I32, 4), [0] * 4), builder.zext(bits, I32), I32(0))
     halves = builder.bitcast(word, ir.VectorType(I16, 8))
-    splat = builder.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+    splat = builder.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
     return half_to_f32(builder, splat)
 
 
@@ -220,7 +221,7 @@ def fma_acc(builder, acc, a, b):
     return fma_vec(builder, a, b, acc)
 
 
-def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None):
+def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None, acc_type=VEC):
     """The R x G fixed-order dot products rows[c] . cols[j] over the full chunks of n, each in its
     own 16-lane accumulator, unreduced: a list, accumulator R j + c (R rows). With R x G = 4 x 4,
     8 loads feed 16 multiply-adds (AVX-512's 32 registers hold them); with AVX2's 16 half-width
@@ -228,7 +229,7 @@ def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk
 float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dpbf16,
     chunk=BF16_CHUNK, accs=BF16_ACCS: one pass over the even chunks, one over the odd, added
     lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
-    two sides differ (int8 rows, int16 tokens). With prefetch_ahead (an i64 count of row
+    two sides differ (int8 rows, int16 tokens; their accumulators acc_type=int8_acc_type()). With prefetch_ahead (an i64 count of row
     elements), each step asks for the rows' data that far ahead (rows streamed from memory:
     decode's batch tiles), into L2 only. A tile spends ~16 FMAs on each line it reads, so the
     prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
@@ -249,7 +250,7 @@ float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dp
             out += [term(builder, accs[R * j + c], rv[c], cv) for c in range(R)]
         return out
 
-    zero = ir.Constant(VEC, [0.0] * LANES)
+    zero = ir.Constant(acc_type, [0.0] * acc_type.count)
     full = builder.and_(n, I64(-chunk))
     # chunks a, a + accs, a + 2 accs, ..: loop steps while i + step - 1 < stop, so stop is
     # raised by the stride less one chunk to take the last chunk of each pass
@@ -308,6 +309,7 @@ def tile_sums(builder, rows, cols, n, **options):
     """tile_accumulators reduced, each in the one tree (reduce16_vector for 16 at once: the same
     additions): a list of float32 scalars, sum R j + c."""
     accs = tile_accumulators(builder, rows, cols, n, **options)
+    accs = [widen_int8_sums(builder, acc) if acc.type != VEC else acc for acc in accs]
     if len(accs) == LANES:
         v = reduce16_vector(builder, accs)
         return [builder.extract_element(v, I64(k)) for k in range(LANES)]
@@ -317,9 +319,9 @@ def tile_sums(builder, rows, cols, n, **options):
 def tile_shape(int8: bool = False) -> tuple[int, int]:
     """(weight rows, rows of x) of a register tile on this target: 4 x 4 with AVX-512's 32 vector
     registers, 2 x 3 with 16 (AVX2: a 16-lane accumulator is two registers, 6 sums 12 of them).
-    int8 tiles stay 4 x 4 everywhere: their loop waits on vpmaddwd and the scale table's loads,
-    not on registers (AVX2, default model, prefill 512: 4 x 4 312 tok/s, 4 x 2 301, 4 x 3 291,
-    2 x 3 254, medians of 3 alternating runs)."""
+    int8 tiles stay 4 x 4 everywhere: AVX2's 16 sums are 8 lanes each (int8_lanes), one register
+    (AVX2 target, default model, int8 prefill 512, medians of 3 alternating runs: 4 x 4 541
+    tok/s, 2 x 4 560, 4 x 2 501, 4 x 3 466, 3 x 4 349)."""
     from .target import vector_registers
 
     return (4, 4) if int8 or vector_registers() >= 32 else (2, 3)
@@ -327,11 +329,30 @@ def tile_shape(int8: bool = False) -> tuple[int, int]:
 
 # int8 weights meet activations quantized to int16 per block of 32 (quantize_blocks):
 # vpmaddwd multiplies a block's 32 pairs exactly into 16 int32 lanes (lane i: products 2i and 2i+1;
-# at most 2 * 127 * 32767 < 2**24, so exact again in float32), then one FMA adds them to the row's
+# at most 2 * 128 * 32767 < 2**24, so exact again in float32), then one FMA adds them to the row's
 # float32 accumulator, times the weight scale times the activation scale. Widening every int8
 # weight to float32 instead cost one core 15 GB/s of weights; this streams 26.
+# Without AVX-512 (16 registers of 8 floats) lanes i and i + 8 are first added in int32 (at most
+# 4 * 128 * 32767 < 2**24: still exact) into 8-lane accumulators: half the conversions and FMAs
+# per product, and a tile of 4 x 4 sums fits the registers instead of spilling (int8 prefill 512
+# of the default model, haswell target: 414 -> 496 tok/s, medians of 4 alternating rounds).
+# widen_int8_sums pads them with +0.0 before the one tree, whose first level then leaves each
+# unchanged. AVX-512 keeps 16 lanes: there the same 8 lanes cost int8 prefill 13%, and two tokens'
+# 8 lanes in one register 18% (more shuffles than the conversions they save). So int8 logits
+# differ in their last bits between AVX-512 and other CPUs; every path on one CPU agrees.
 I32_VEC = ir.VectorType(I32, LANES)
 I16_BLOCK = ir.VectorType(I16, QBLOCK)
+
+
+def int8_lanes() -> int:
+    """Lanes of an int8 product's float32 accumulator on this target: 16, or 8 without AVX-512."""
+    from .target import vector_registers
+
+    return LANES if vector_registers() >= 32 else LANES // 2
+
+
+def int8_acc_type():
+    return ir.VectorType(F32, int8_lanes())
 
 
 def int8_values(builder, qptr, i):
@@ -347,34 +368,48 @@ def int16_values(builder, qptr, i):
 
 def load_int8_block(builder, qptr, sptr, i):
     """The int8 block at element i (a multiple of QBLOCK) as int16, with its float16 scale as a
-    float32 vector."""
-    return int8_values(builder, qptr, i), f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)))
+    float32 vector of int8_lanes()."""
+    return int8_values(builder, qptr, i), f16_splat(builder, sptr, builder.sdiv(i, I64(QBLOCK)), int8_lanes())
 
 
 def load_int16_block(builder, ptrs, i):
     """The quantized activations' block at element i: 32 int16 and the block's float32 scale."""
     qptr, sptr = ptrs
     scale = builder.load(builder.gep(sptr, [builder.sdiv(i, I64(QBLOCK))], source_etype=F32), typ=F32, align=4)
-    return int16_values(builder, qptr, i), splat(builder, scale)
+    return int16_values(builder, qptr, i), splat(builder, scale, int8_lanes())
 
 
 def int8_pairs_term(builder, acc, w, x, scale):
-    """acc + float(sum of a block's 32 products w x, in pairs) * scale.
+    """acc + float(sum of a block's 32 products w x, in pairs) * scale, in int8_lanes() lanes.
 
     The pairs are written as plain IR (widen to int32, multiply, add neighbours), which LLVM
-    emits as one vpmaddwd: the same sums as vpdpwssd into zero (no overflow: |w| <= 127 and
-    |x| <= 32767), but AVX-512 BW, or two AVX2 halves, instead of AVX-512 VNNI."""
+    emits as one vpmaddwd: the same sums as vpdpwssd into zero (no overflow: |w| <= 128 and
+    |x| <= 32767), but AVX-512 BW, or two AVX2 halves, instead of AVX-512 VNNI. With 8 lanes,
+    pair lanes i and i + 8 (on AVX2 the two halves' registers) are then added."""
     wide = ir.VectorType(I32, QBLOCK)
     products = builder.mul(builder.sext(w, wide), builder.sext(x, wide))
     half = lambda first: builder.shuffle_vector(products, products, ir.Constant(I32_VEC, list(range(first, QBLOCK, 2))))
     pairs = builder.add(half(0), half(1))
-    return fma_vec(builder, builder.sitofp(pairs, VEC), scale, acc)
+    n = acc.type.count
+    if n < LANES:
+        part = lambda first: builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, n), list(range(first, first + n))))
+        pairs = builder.add(part(0), part(n))
+    return fma_vec(builder, builder.sitofp(pairs, acc.type), scale, acc)
 
 
 def int8_block_term(builder, acc, w, x):
     """acc + float(sum of the block's 32 products, in pairs) * (weight scale * activation scale);
     w and x: (32 int16, scale vector) from load_int8_block and load_int16_block."""
     return int8_pairs_term(builder, acc, w[0], x[0], builder.fmul(w[1], x[1]))
+
+
+def widen_int8_sums(builder, acc):
+    """An int8 accumulator as a 16-lane one for reduce_tree: 8 lanes padded with +0.0."""
+    n = acc.type.count
+    if n == LANES:
+        return acc
+    zero = ir.Constant(acc.type, [0.0] * n)
+    return builder.shuffle_vector(acc, zero, ir.Constant(I32_VEC, list(range(LANES))))
 
 
 class BFloatType(ir.Type):

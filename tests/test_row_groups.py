@@ -208,3 +208,44 @@ def test_k_quant_regrouping_kernels_equal_their_numpy_reference(fmt, kernel, ref
     kernel(fast, w)
     reference(slow, w)
     np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("level_max", [15, 24, 31, 63])
+def test_avx2_sums_several_parts_as_int16_exactly(level_max):
+    """AVX2 adds up to 32767 // (256 level_max) parts' pair sums as int16 before widening them
+    (Q4 levels: 8 parts); at the extremes (levels at their largest, activation bytes -128 or 127)
+    that must neither wrap nor saturate (Q4's levels use it; the others are checked too). Each
+    exact sum as _exact_sums forms it, with corr."""
+    from minillm.kernels.target import has
+    from numba import types
+    from numba.extending import intrinsic
+
+    if not has("avx2"):
+        pytest.skip("this CPU cannot run the avx2 way")
+
+    @intrinsic
+    def sums(typingctx, out, levels, lo, hi, corr):
+        def codegen(context, b, signature, args):
+            ptr = lambda i: context.make_array(signature.args[i])(context, b, args[i]).data
+            i8 = KQ.I8.as_pointer()
+            parts = [(b.load(b.bitcast(b.gep(ptr(1), [KQ.I64(64 * i)]), KQ.BYTES64.as_pointer()), align=1), 4 * i) for i in range(8)]
+            token = (b.bitcast(ptr(2), i8), b.bitcast(ptr(3), i8), None)
+            total = KQ._avx2_sums(b, token, KQ.I64(0), parts, args[4], level_max)
+            b.store(total, b.bitcast(ptr(0), KQ.I32_VEC.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(out, levels, lo, hi, corr), codegen
+
+    @njit
+    def run(out, levels, lo, hi, corr):
+        sums(out, levels, lo, hi, corr)
+
+    rng = np.random.default_rng(level_max)
+    for extreme in (-128, 127, None):
+        levels = np.full((8, 64), level_max, np.uint8) if extreme is not None else rng.integers(0, level_max + 1, (8, 64)).astype(np.uint8)
+        lo, hi = (np.full(32, extreme, np.int8),) * 2 if extreme is not None else rng.integers(-128, 128, (2, 32)).astype(np.int8)
+        out = np.zeros(16, np.int32)
+        run(out, levels, lo, hi, np.int32(-12345))
+        x = 256 * hi.astype(np.int64) + lo
+        want = sum(levels[i].astype(np.int64).reshape(16, 4) @ x[4 * i : 4 * i + 4] for i in range(8)) - 12345
+        np.testing.assert_array_equal(out, want)

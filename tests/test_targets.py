@@ -81,3 +81,48 @@ def test_other_targets_give_the_native_tokens(cpu, gguf_files, tmp_path, request
         # the same sums in the same order; only FMA against a separate multiply and add (x86-64-v2
         # has no FMA) may move a last bit
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), ours, rtol=1e-5, atol=1e-5 * np.abs(ours).max())
+
+
+INT8_CHILD = """
+import sys
+sys.path[:0] = ["tests", "."]
+import numpy as np
+from test_targets import int8_products
+np.save(sys.argv[1], int8_products())
+"""
+
+
+def int8_products():
+    """int8 weights against 21 tokens at once (register tiles and the rows left over) and one at
+    a time (decode's dot products): (2, 21, 40) float32."""
+    from test_kernels import low_precision
+
+    from minillm import kernels as K
+
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((21, 613)).astype(np.float32), rng.standard_normal((40, 613)).astype(np.float32)
+    q, fmt, s, _, _ = low_precision(w, "int8")
+    together, alone = np.empty((21, 40), np.float32), np.empty((21, 40), np.float32)
+    K.matmul(together, x, q, fmt, s)
+    for t in range(21):
+        K.matmul(alone[t : t + 1], x[t : t + 1], q, fmt, s)
+    return np.stack([together, alone])
+
+
+@pytest.mark.parametrize("cpu", list(TARGETS))
+def test_int8_products_agree_on_every_target(cpu, tmp_path, request):
+    """int8 sums are 16 lanes with AVX-512 and 8 lanes elsewhere (kernels.vector_ir), so other
+    targets' int8 products move from the native ones in the last bits only; on each target the
+    tiles and the lone dot products still agree to the bit."""
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(request.config.cache.mkdir(f"numba-{cpu}")))
+    if TARGETS[cpu] is not None:
+        env["NUMBA_CPU_FEATURES"] = TARGETS[cpu]
+    else:
+        env.pop("NUMBA_CPU_FEATURES", None)
+    child = subprocess.run([sys.executable, "-c", INT8_CHILD, str(tmp_path / "theirs.npy")], env=env, capture_output=True, text=True,
+                           cwd=request.config.rootpath)
+    assert child.returncode == 0, child.stderr[-3000:]
+    ours, theirs = int8_products(), np.load(tmp_path / "theirs.npy")
+    np.testing.assert_array_equal(ours[0], ours[1])
+    np.testing.assert_array_equal(theirs[0], theirs[1])
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5 * np.abs(ours).max())
