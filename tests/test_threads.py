@@ -25,6 +25,17 @@ def test_a_quiet_machine_never_probes_even_with_lone_slow_steps():
         assert run(tuner, QUIET, 5) == [2] * 5
 
 
+def test_a_burst_of_slow_steps_does_not_hand_over_to_one_thread():
+    """Slow steps for a while on a quiet host (another tenant's burst) lift the all-thread average
+    near one thread's time; a probe only slightly faster than it keeps all threads."""
+    tuner = ThreadTuner(2)
+    run(tuner, QUIET, 50)
+    burst = {2: 0.030, 1: 0.017}  # two such steps lift the average to 18.7 ms: one thread only 1.1x faster
+    chosen = run(tuner, burst, 3) + run(tuner, QUIET, 30)
+    assert chosen[:3] == [2, 2, 1]  # the burst was probed
+    assert chosen[3:] == [2] * 30
+
+
 def test_a_neighbour_gets_one_thread_at_once_and_keeps_it_while_it_stays():
     tuner = ThreadTuner(2, probe_every=16, max_probe_every=64)
     run(tuner, QUIET, 20)

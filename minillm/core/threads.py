@@ -13,6 +13,14 @@ So each step is timed (a moving average per size of step), and:
   noisy machine's lone slow step does not, where probing after any slow step cost int8 decode of
   the default model 6% (128.6 against 136.9 tok/s without probes, 0 of 5 alternating rounds)
   by keeping one thread for 16 steps after a spike. A quiet machine never pays a probe;
+- a probe's count is kept only when its step beats the current count's average by SWITCH_GAIN.
+  A burst of slow steps on a quiet host lifts the all-thread average to about one thread's own
+  time, and a one-thread probe then looked faster by a few percent: 16 steps on one thread, 1.6x
+  slower each (float32 decode of the default model 0.93x of the same tree without the tuner, 6
+  of 6 alternating rounds; logged: a 33.0 ms one-thread probe against a 35.6 ms average). Beside
+  a neighbour the other way round: an all-thread probe that met the neighbour's pause (35.0 ms
+  against one thread's 42.1) took all threads back into 170 ms steps. A real change of regime
+  gains plainly: quiet, all threads are 1.6x faster than one; beside a neighbour, several times;
 - on one thread, all of them are tried again every `probe_every` steps, the interval doubling
   up to `max_probe_every` while one thread stays faster (the neighbour is still there).
 """
@@ -29,6 +37,7 @@ class ThreadTuner:
     SLOWER = 1.5  # a step this much slower than its average makes the tuner try the other count
     ALPHA = 0.3  # weight of the newest step in the moving averages
     PROBE_AFTER = 0.03  # seconds that consecutive slow steps lose before one thread is tried
+    SWITCH_GAIN = 1.25  # how much faster than the current count's average a probe must be to switch
 
     def __init__(self, threads: int, probe_every: int = 16, max_probe_every: int = 256):
         self.choices = (threads, 1) if threads > 1 else (1,)
@@ -80,7 +89,7 @@ class _SizeStats:
         self.average[threads] = seconds if old is None else (1 - tuner.ALPHA) * old + tuner.ALPHA * seconds
         if self.probing:
             self.probing = False
-            if seconds < self.average[self.current]:  # the other count was faster: take it
+            if seconds * tuner.SWITCH_GAIN < self.average[self.current]:  # the other count was plainly faster: take it
                 self.current, self.interval = threads, tuner.probe_every
             elif self.current != tuner.choices[0]:
                 self.interval = min(2 * self.interval, tuner.max_probe_every)  # one thread still pays
