@@ -244,12 +244,24 @@ I16x16 = ir.VectorType(ir.IntType(16), 16)
 I32x8 = ir.VectorType(I32, 8)
 
 
+def _avx2_pair_sums(b):
+    """AVX2's vpmaddubsw (bytes to int16 pair sums) and vpmaddwd (int16 to int32 pair sums), and
+    vpmaddwd's all-ones operand."""
+    maddubs = cgutils.get_or_insert_function(b.module, ir.FunctionType(I16x16, [BYTES32, BYTES32]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32x8, [I16x16, I16x16]), "llvm.x86.avx2.pmadd.wd")
+    return maddubs, maddwd, ir.Constant(I16x16, [1] * 16)
+
+
+def _splat_i32(b, value):
+    """An i32 in every lane of 16."""
+    v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), value, I32(0))
+    return b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
+
+
 def _pair_sums_avx2(b, u, s, wide_levels):
     """vpdpbusd's 16 lanes of 4-product sums (without an accumulator), from AVX2's byte and word
     pair sums, half by half."""
-    maddubs = cgutils.get_or_insert_function(b.module, ir.FunctionType(I16x16, [BYTES32, BYTES32]), "llvm.x86.avx2.pmadd.ub.sw")
-    maddwd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32x8, [I16x16, I16x16]), "llvm.x86.avx2.pmadd.wd")
-    ones = ir.Constant(I16x16, [1] * 16)
+    maddubs, maddwd, ones = _avx2_pair_sums(b)
     halves = []
     for h in (0, 32):
         pick = ir.Constant(ir.VectorType(I32, 32), list(range(h, h + 32)))
@@ -352,13 +364,13 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
 CHAINS = 2
 
 
-def _exact_sums(b, token, e, parts, corr=None, wide_levels=False, level_max=None, way=None):
+def _exact_sums(b, token, e, parts, level_max, corr=None):
     """The exact integer sums, per row lane, of levels times a token's int16 activations: parts
     are (64 x u8 levels, offset from e of their first weight), each level lane meeting the 4
     activations from there; the high bytes' sums shifted by 8 onto the low bytes' (which start
-    at corr, an i32, or 0). wide_levels: levels may reach 255 (_dpbusd). level_max: the largest
-    level; up to AVX2_INT16_LEVELS, AVX2 adds the parts' pair sums as int16 (_avx2_sums)."""
-    if (way or summing_way()) == "avx2" and level_max is not None and level_max <= AVX2_INT16_LEVELS:
+    at corr, an i32, or 0). level_max: the largest level; above 127 _dpbusd's wide levels, up to
+    AVX2_INT16_LEVELS AVX2 adds the parts' pair sums as int16 (_avx2_sums)."""
+    if summing_way() == "avx2" and level_max <= AVX2_INT16_LEVELS:
         return _avx2_sums(b, token, e, parts, corr, level_max)
     plo, phi, _ = token
     zero = ir.Constant(I32_VEC, [0] * LANES)
@@ -366,10 +378,9 @@ def _exact_sums(b, token, e, parts, corr=None, wide_levels=False, level_max=None
     for p in (phi, plo):
         chains = [zero] * CHAINS
         if p is plo and corr is not None:
-            v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
-            chains[0] = b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
+            chains[0] = _splat_i32(b, corr)
         for i, (levels, off) in enumerate(parts):
-            chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=wide_levels)
+            chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=level_max >= 128)
         total = chains[0]
         for chain in chains[1:]:
             total = b.add(total, chain)
@@ -391,9 +402,7 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
     to 32767 // (256 level_max) parts are added as int16, which cannot wrap, before one vpmaddwd
     widens them to int32; per 32-byte half, as _pair_sums_avx2. For Q4 levels that is one
     vpmaddwd per 8 parts (a block) instead of one per part."""
-    maddubs = cgutils.get_or_insert_function(b.module, ir.FunctionType(I16x16, [BYTES32, BYTES32]), "llvm.x86.avx2.pmadd.ub.sw")
-    maddwd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32x8, [I16x16, I16x16]), "llvm.x86.avx2.pmadd.wd")
-    ones = ir.Constant(I16x16, [1] * 16)
+    maddubs, maddwd, ones = _avx2_pair_sums(b)
     half = lambda v, h: b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32))))
     per = max(1, 32767 // (256 * level_max))
     plo, phi, _ = token
@@ -413,8 +422,7 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
         sums.append(b.shuffle_vector(words[0], words[1], ir.Constant(I32_VEC, list(range(LANES)))))
     hi, lo = sums
     if corr is not None:
-        v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), corr, I32(0))
-        lo = b.add(lo, b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES)))
+        lo = b.add(lo, _splat_i32(b, corr))
     return b.add(b.shl(hi, ir.Constant(I32_VEC, [8] * LANES)), lo)
 
 
@@ -450,7 +458,7 @@ def _block_step(offset, level_max, parts_of, scales_of=lambda b, bp: _row_halves
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], k)
             corr = b.mul(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), I32(-offset))
-            exact = _exact_sums(b, token, e, parts, corr, wide_levels=level_max >= 128, level_max=level_max)
+            exact = _exact_sums(b, token, e, parts, level_max, corr)
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(dw, splat(b, b.load(pw, align=4))), totals[j])
         return totals
 
@@ -701,7 +709,7 @@ def _q6_step(b, bp, k, tokens, totals):
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
             x_sum = b.load(b.bitcast(b.gep(pw, [b.zext(b.add(half, I32(1)), I64)], source_etype=F32), I32.as_pointer()), align=4)
-            exact = _exact_sums(b, token, e, parts, b.mul(x_sum, I32(-32)), level_max=63)
+            exact = _exact_sums(b, token, e, parts, 63, b.mul(x_sum, I32(-32)))
             totals[j] = fma_vec(b, b.sitofp(exact, VEC), b.fmul(row_scale, splat(b, b.load(pw, align=4))), totals[j])
         return totals
 
@@ -843,7 +851,7 @@ def _qk_step(b, bp, k, tokens, totals):
         totals = list(totals)
         for j, token in enumerate(tokens):
             pw = _block_words(b, token[2], block)
-            exact = _exact_sums(b, token, e, parts, level_max=15)
+            exact = _exact_sums(b, token, e, parts, 15)
             da = splat(b, b.load(pw, align=4))
             x_sum = b.sitofp(b.add(_word_at(b, pw, 1), _word_at(b, pw, 2)), F32)
             total = fma_vec(b, b.sitofp(exact, VEC), b.fmul(ds, da), totals[j])

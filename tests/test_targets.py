@@ -41,6 +41,16 @@ print(json.dumps(results))
 """
 
 
+def target_env(cpu, request):
+    """The environment of a child compiling for `cpu`, in that target's own cache."""
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(request.config.cache.mkdir(f"numba-{cpu}")))
+    if TARGETS[cpu] is not None:
+        env["NUMBA_CPU_FEATURES"] = TARGETS[cpu]
+    else:
+        env.pop("NUMBA_CPU_FEATURES", None)
+    return env
+
+
 def greedy(model, tokens, generated):
     cache, text = model.new_cache(), []
     step = model.forward(tokens[:8], cache)
@@ -62,11 +72,7 @@ def gguf_files(tmp_path_factory):
 
 @pytest.mark.parametrize("cpu", list(TARGETS))
 def test_other_targets_give_the_native_tokens(cpu, gguf_files, tmp_path, request):
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(request.config.cache.mkdir(f"numba-{cpu}")))
-    if TARGETS[cpu] is not None:
-        env["NUMBA_CPU_FEATURES"] = TARGETS[cpu]
-    else:
-        env.pop("NUMBA_CPU_FEATURES", None)
+    env = target_env(cpu, request)
     tokens = [int(t) for t in TOKENS]
     argument = json.dumps([gguf_files, tokens, GENERATED, str(tmp_path)])
     child = subprocess.run([sys.executable, "-c", CHILD, argument], env=env, capture_output=True, text=True,
@@ -114,11 +120,7 @@ def test_int8_products_agree_on_every_target(cpu, tmp_path, request):
     """int8 sums are 16 lanes with AVX-512 and 8 lanes elsewhere (kernels.vector_ir), so other
     targets' int8 products move from the native ones in the last bits only; on each target the
     tiles and the lone dot products still agree to the bit."""
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(request.config.cache.mkdir(f"numba-{cpu}")))
-    if TARGETS[cpu] is not None:
-        env["NUMBA_CPU_FEATURES"] = TARGETS[cpu]
-    else:
-        env.pop("NUMBA_CPU_FEATURES", None)
+    env = target_env(cpu, request)
     child = subprocess.run([sys.executable, "-c", INT8_CHILD, str(tmp_path / "theirs.npy")], env=env, capture_output=True, text=True,
                            cwd=request.config.rootpath)
     assert child.returncode == 0, child.stderr[-3000:]
