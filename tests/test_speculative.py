@@ -14,7 +14,7 @@ from hf_tiny import VOCAB, make_checkpoint
 from minillm.core.engine import Engine
 from minillm.core.model import Model
 from minillm.core.sampling import SamplingParams
-from minillm.core.speculative import BACKOFF_STEPS, PromptLookup
+from minillm.core.speculative import PROBE_STEPS, PromptLookup, RowCost, best_length
 from minillm.options import Options
 
 
@@ -132,29 +132,48 @@ def test_max_tokens_and_context_bound_the_proposals(model, draft, mode):
 
 def test_lookup_proposes_what_followed_the_latest_occurrence():
     lookup = PromptLookup([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2, 3], most=8, ngram=3)
-    assert lookup.propose(10) == [5, 6, 7, 1]  # after the latest "1 2 3", the first proposal is 4 long
-    lookup.update(4, 4)
-    lookup.extend([5, 6, 7, 1, 2, 3])
-    assert lookup.propose(10) == [5, 6, 7, 1, 2, 3, 5, 6]  # doubled to 8: the repetition goes on past the end
-    assert lookup.propose(2) == [5, 6]  # no more than the room left
-    assert PromptLookup([1, 2, 3, 4], most=8, ngram=3).propose(8) == []  # nothing repeats
+    assert lookup.propose(10, cost=0.0) == [5, 6, 7, 1, 2, 3, 5, 6]  # after the latest "1 2 3", going on past the end
+    assert lookup.propose(2, cost=0.0) == [5, 6]  # no more than the room left
+    assert lookup.propose(10, cost=0.5) == [5]  # dear rows: only what is likely kept
+    assert PromptLookup([1, 2, 3, 4], most=8, ngram=3).propose(8, cost=0.0) == []  # nothing repeats
     run = PromptLookup([7, 0, 0, 0], most=8, ngram=3)
-    assert run.propose(8) == [0, 0, 0, 0]  # a run proposes more of itself, not one token a step
+    assert run.propose(8, cost=0.0) == [0] * 8  # a run proposes more of itself, not one token a step
+    assert PromptLookup([1, 4, 6, 7, 4], most=8, ngram=3).propose(8, cost=0.0) == []  # one token is too little...
 
 
-def test_lookup_backs_off_when_refused():
-    lookup = PromptLookup([1, 2, 3, 1, 2], most=8, ngram=3)
-    for length in (4, 2, 1):
-        assert lookup.length == length
-        lookup.update(length, 0)
-    assert lookup.propose(8) == []  # resting
-    for _ in range(BACKOFF_STEPS - 2):
-        assert lookup.propose(8) == []
-    assert lookup.propose(8) == [] and lookup.length == 1
-    assert lookup.propose(8) == [3]
-    lookup.update(1, 0)  # refused again: a rest twice as long
-    assert sum(lookup.propose(8) == [] for _ in range(2 * BACKOFF_STEPS)) == 2 * BACKOFF_STEPS
-    assert lookup.propose(8) == [3]
+def test_lookup_resumes_at_the_copy_point_after_a_changed_token():
+    lookup = PromptLookup([5, 1, 2, 3, 4, 6, 7, 8, 5, 1], most=4, ngram=3)
+    assert lookup.propose(8, cost=0.0) == [2, 3, 4, 6]
+    lookup.update(4, 1)  # the reply kept 2, then wrote 99 where the source has 3
+    lookup.extend([2, 99])
+    assert lookup.propose(8, cost=0.0) == []
+    lookup.extend([4])
+    assert lookup.propose(8, cost=0.0) == [6, 7, 8, 5]  # ...but near the copy point one token realigns
+
+
+def test_length_weighs_the_kept_rate_against_a_rows_cost():
+    assert best_length(0.9, 0.0, 8) == 8 and best_length(0.0, 0.0, 8) == 0
+    assert best_length(0.8, 0.25, 8) == 3  # 1 + .8 + .64 + .512 tokens for 1.75 steps: the most per step
+    assert best_length(0.99, 1.0, 8) == 0  # a row as dear as a step never pays
+
+
+def test_lookup_stops_proposing_what_is_refused_but_probes():
+    lookup = PromptLookup([1, 2, 3, 4, 1, 2, 3], most=8, ngram=3)
+    for _ in range(40):
+        draft = lookup.propose(8, cost=0.1)
+        if draft:
+            lookup.update(len(draft), 0)
+    proposals = [lookup.propose(8, cost=0.1) for _ in range(PROBE_STEPS)]
+    assert proposals.count([]) == PROBE_STEPS - 1 and [4] in proposals  # one token a while, to learn again
+
+
+def test_row_cost_is_fitted_from_steps_of_different_rows():
+    cost = RowCost()
+    assert cost.of(1) == RowCost.PRIOR
+    for i in range(200):
+        rows = 1 + i % 5
+        cost.record(rows, 0.004 + 0.001 * rows)  # a base of 4 ms, 1 ms a row
+    assert cost.of(1) == pytest.approx(0.001 / 0.005) and cost.of(2) == pytest.approx(0.001 / 0.006)
 
 
 COPY = ("Here is a sentence: the quick brown fox jumps over the lazy dog near the river bank at dawn.\n"
@@ -277,5 +296,5 @@ def test_draft_length_follows_acceptance_and_cost():
     for _ in range(30):
         length.update(4, 0)  # every proposal refused at once (one token checked each time)
     assert length.rate < 0.05
-    proposals = [length.next(room=100, cost=0.3) for _ in range(DraftLength.PROBE_STEPS)]
-    assert proposals == [0] * (DraftLength.PROBE_STEPS - 1) + [1]  # none, but a probe now and then
+    proposals = [length.next(room=100, cost=0.3) for _ in range(PROBE_STEPS)]
+    assert proposals == [0] * (PROBE_STEPS - 1) + [1]  # none, but a probe now and then

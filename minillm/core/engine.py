@@ -32,7 +32,7 @@ from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, apply_logit_bias, sample
-from .speculative import DraftState, PromptLookup
+from .speculative import DraftState, PromptLookup, RowCost
 from .structured import Constraint
 
 if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles use it
@@ -258,6 +258,7 @@ class Engine:
         self._decode_seconds: float | None = None  # running estimates of a step's costs
         self._row_seconds: float | None = None
         self._draft_seconds: float | None = None  # and of a draft step's
+        self._row_cost = RowCost()  # and of a checked row, which prompt lookup weighs
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
@@ -433,7 +434,11 @@ class Engine:
         up to the step's share."""
         decoding = [s for s in self._running if not s.prefilling]
         tokens, positions, slots, logit_rows = [], [], [], []
-        drafts = self._draft_proposals(decoding) if self.draft is not None else [self._lookup_proposal(s) for s in decoding]
+        if self.draft is not None:
+            drafts = self._draft_proposals(decoding)
+        else:
+            cost = self._row_cost.of(len(decoding))
+            drafts = [self._lookup_proposal(s, cost) for s in decoding]
         for s, draft in zip(decoding, drafts):
             for i, token in enumerate([s.last, *draft]):
                 logit_rows.append(len(tokens))
@@ -506,11 +511,12 @@ class Engine:
         (each accepted one is emitted)."""
         return min(seq.cache.ctx - seq.cache.length - 1, seq.request.max_tokens - len(seq.generated) - 1)
 
-    def _lookup_proposal(self, seq: _Sequence) -> list[int]:
-        """Prompt lookup's tokens to run after seq.last; none without speculation."""
+    def _lookup_proposal(self, seq: _Sequence, cost: float) -> list[int]:
+        """Prompt lookup's tokens to run after seq.last, weighed at a checked row's cost; none
+        without speculation."""
         if seq.lookup is None:
             return []
-        draft = seq.lookup.propose(self._room(seq))
+        draft = seq.lookup.propose(self._room(seq), cost)
         self.stats.spec_draft_tokens += len(draft)
         return draft
 
@@ -591,6 +597,7 @@ class Engine:
         """Update the running estimates of a decode step's time and of a prompt row's."""
         w = TIMING_WEIGHT
         if not prompt_rows:
+            self._row_cost.record(decode_rows, seconds)
             d = self._decode_seconds
             self._decode_seconds = seconds if d is None else (1 - w) * d + w * seconds
             return

@@ -8,58 +8,55 @@ sequence's next step and keeps each while it is the very token plain decoding wo
 Prompt lookup: the text proposes its own continuation.
 
 Tasks whose output repeats their input (editing code, rewriting, extraction, quoting a document)
-let the sequence's own tokens guess what comes next: when its last n tokens (NGRAM_MIN <= n <=
-ngram, longest first) occurred before, in the prompt or the output, the tokens that followed their
-latest occurrence are proposed; where those run into the sequence's end, the repetition they are
-part of continues (a run of one token, a repeated line: otherwise a run of zeros would propose
-one token a step). The engine runs them as extra rows of the sequence's next step and
-keeps each while it is the very token plain decoding would choose there (minillm.core.engine), so
-the text never changes; a row costs far less than a step, so every accepted token is nearly free.
+let the sequence's own tokens guess what comes next: when its last tokens occurred before, in the
+prompt or the output, the tokens that followed are proposed (PromptLookup). Which occurrence: the
+one nearest the copy point, where the last proposal left off (a reply that copies its input with
+a few words changed resumes after each change: even one token matching there realigns it),
+otherwise the latest occurrence of the longest n-gram (NGRAM_MIN <= n <= ngram) the sequence ends
+with. Where the tokens that followed run into the sequence's end, the repetition they are part of
+continues (a run of one token, a repeated line).
 
-How many to propose adapts, so open-ended text, where guesses are refused, costs next to nothing:
-doubled (up to `most`) after a proposal is taken whole, halved after one is refused at its first
-token, and after a refused single token none at all for BACKOFF_STEPS steps, twice as many after
-each further refusal (up to MAX_BACKOFF_STEPS) until one is accepted.
+How many to propose is what gives the most tokens per unit of time (best_length): a checked row
+costs `cost` of a step (the engine measures it, RowCost: a few percent of a step at float32, a quarter on a
+Q4_0 file, where the weights are read fast and the rows are arithmetic), and a guess is kept with a
+probability learned per kind of match (near the copy point or not, and how many tokens before it
+agree: a long agreement predicts a long copy). When no length pays, none is proposed, but one
+every PROBE_STEPS steps keeps the estimate honest, so open-ended text costs next to nothing.
 """
 
 from __future__ import annotations
 
-NGRAM_MIN = 2  # a single repeated token predicts too little to be worth a row
-BACKOFF_STEPS = 16
-MAX_BACKOFF_STEPS = 256
-FIRST_PROPOSAL = 4
+from bisect import bisect_left
+
+NGRAM_MIN = 2  # away from the copy point a single repeated token predicts too little
+NEAR_BEHIND, NEAR_AHEAD = 2, 16  # how far from the copy point an occurrence counts as near it
+LONGEST_AGREEMENT = 16  # tokens compared before a match, to class it
+# Kept-token rates to start from, by how many tokens agree before the match (a class's lower
+# bound: 1, 2, 3, 4-5, 6-9, 10+); learned per sequence from there.
+PRIOR_RATES = {1: 0.35, 2: 0.5, 3: 0.6, 4: 0.7, 6: 0.8, 10: 0.85}
+PROBE_STEPS = 16
 
 
-class ProposalLength:
-    """How many tokens to propose next: adapted to how much of the last proposal was kept."""
+def best_length(rate: float, cost: float, most: int) -> int:
+    """The proposal length k <= most that maximises tokens per unit of time when each proposed
+    token is kept with probability `rate` (while the ones before it were) and a checked row
+    costs `cost` of a step: k rows emit 1 + rate + ... + rate^k tokens for 1 + k cost; 0 when
+    no k beats plain decoding."""
+    best_k, best, expected, kept = 0, 1.0, 1.0, 1.0
+    for k in range(1, most + 1):
+        kept *= rate
+        expected += kept
+        value = expected / (1 + k * cost)
+        if value > best:
+            best_k, best = k, value
+    return best_k
 
-    def __init__(self, most: int):
-        self.most = most
-        self.length = min(FIRST_PROPOSAL, most)
-        self._resting = 0  # steps left without proposals
-        self._backoff = BACKOFF_STEPS  # how long the next rest lasts
 
-    def next(self, room: int) -> int:
-        """The length of this step's proposal (0 while resting), at most `room`."""
-        if self._resting:
-            self._resting -= 1
-            if not self._resting:
-                self.length = 1
-            return 0
-        return max(0, min(self.length, room))
-
-    def update(self, proposed: int, accepted: int) -> None:
-        if not proposed:
-            return
-        if accepted:
-            self._backoff = BACKOFF_STEPS
-        if accepted == proposed:
-            self.length = min(self.most, 2 * self.length)
-        elif accepted == 0:
-            if self.length == 1:
-                self._resting = self._backoff
-                self._backoff = min(2 * self._backoff, MAX_BACKOFF_STEPS)
-            self.length = max(1, self.length // 2)
+def _learn(rate: float, proposed: int, accepted: int) -> float:
+    """A kept-token rate moved toward what a proposal showed (its kept tokens and the first
+    refused one), by more the more tokens it checked."""
+    trials = accepted + (accepted < proposed)
+    return rate + min(1.0, trials / 8) * (accepted / trials - rate)
 
 
 class DraftLength:
@@ -69,7 +66,6 @@ class DraftLength:
     k beats plain decoding, none (but one every PROBE_STEPS steps, to keep measuring a)."""
 
     PRIOR_RATE = 0.8
-    PROBE_STEPS = 16
 
     def __init__(self, most: int):
         self.most = most
@@ -78,15 +74,10 @@ class DraftLength:
 
     def next(self, room: int, cost: float) -> int:
         """cost: a draft step's time over a step's."""
-        best_k, best, expected = 0, 1.0, 1.0
-        for k in range(1, min(self.most, room) + 1):
-            expected += self.rate**k
-            value = expected / (1 + k * cost)
-            if value > best:
-                best_k, best = k, value
+        best_k = best_length(self.rate, cost, min(self.most, room))
         if best_k == 0 and room > 0:
             self._idle += 1
-            if self._idle >= self.PROBE_STEPS:
+            if self._idle >= PROBE_STEPS:
                 self._idle = 0
                 return 1
         return best_k
@@ -94,8 +85,43 @@ class DraftLength:
     def update(self, proposed: int, accepted: int) -> None:
         if not proposed:
             return
-        trials = accepted + (accepted < proposed)  # tokens checked: the accepted ones and the first refused
-        self.rate += min(1.0, trials / 8) * (accepted / trials - self.rate)
+        self.rate = _learn(self.rate, proposed, accepted)
+
+
+class RowCost:
+    """What a checked row costs, as a fraction of a step: a running least-squares fit of decode
+    steps' seconds as base + per_row * rows (exponentially weighted, so it follows the machine's
+    load), over steps that read no prompt rows. Until the rows have varied enough to separate the
+    two, PRIOR."""
+
+    PRIOR = 0.1  # between float32's few percent and a Q4_0 file's quarter
+    WEIGHT = 0.05
+    MIN_SPREAD = 0.25  # variance of the rows per step below which the fit says nothing
+
+    def __init__(self):
+        self._moments: list[float] | None = None  # weighted means of x, y, x^2, x y (x rows, y seconds)
+        self._cost = self.PRIOR
+        self._per_row = self._base = None
+
+    def record(self, rows: int, seconds: float) -> None:
+        sample = (rows, seconds, rows * rows, rows * seconds)
+        if self._moments is None:
+            self._moments = list(sample)
+            return
+        w = self.WEIGHT
+        self._moments = [(1 - w) * m + w * v for m, v in zip(self._moments, sample)]
+        mx, my, mxx, mxy = self._moments
+        spread = mxx - mx * mx
+        if spread >= self.MIN_SPREAD:
+            self._per_row = max((mxy - mx * my) / spread, 0.0)
+            self._base = my - self._per_row * mx
+
+    def of(self, sequences: int) -> float:
+        """A checked row's time over that of a step of one row per sequence."""
+        if self._per_row is None:
+            return self.PRIOR
+        plain = self._base + self._per_row * sequences
+        return min(1.0, self._per_row / plain) if plain > 0 else 1.0
 
 
 class DraftState:
@@ -107,37 +133,80 @@ class DraftState:
         self.proposals = DraftLength(most)
 
 
-class PromptLookup(ProposalLength):
-    """One sequence's n-gram index over its prompt and output, and its proposal length."""
+class PromptLookup:
+    """One sequence's n-gram index over its prompt and output, its copy point and what it has
+    learned of its matches."""
 
     def __init__(self, tokens: list[int], most: int, ngram: int):
-        super().__init__(most)
+        self.most = most
         self.ngram = max(ngram, NGRAM_MIN)
         self.tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where its latest earlier occurrence ends
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where its occurrences end, in order
+        self._copy_point: int | None = None  # where the next token would be, were the copy to go on
+        self._rates: dict[tuple[bool, int], float] = {}  # (near the copy point, agreement class) -> kept rate
+        self._pending: tuple[int, tuple[bool, int]] | None = None  # the proposal awaiting update()
+        self._idle = 0  # steps with a match but no proposal
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
-        """Append tokens; every n-gram that now has a token after it is indexed."""
+        """Append tokens; every n-gram (n >= 1) that now has a token after it is indexed."""
         for token in tokens:
             end = len(self.tokens)  # the n-grams ending here are followed by `token`
-            for n in range(NGRAM_MIN, self.ngram + 1):
-                if end >= n:
-                    self._latest[tuple(self.tokens[end - n : end])] = end
+            for n in range(1, min(self.ngram, end) + 1):
+                self._ends.setdefault(tuple(self.tokens[end - n : end]), []).append(end)
             self.tokens.append(token)
 
-    def propose(self, room: int) -> list[int]:
-        """Up to min(the current length, room) tokens that followed the latest earlier occurrence
-        of the longest n-gram the sequence now ends with, continued periodically past the
-        sequence's end (the period: from that occurrence's end to the sequence's); [] when none
-        occurred or resting."""
-        limit = self.next(room)
-        if limit <= 0:
-            return []
+    def _match(self) -> tuple[int, tuple[bool, int]] | None:
+        """Where the tokens to propose start, and the match's class: for the longest n-gram the
+        sequence ends with, its occurrence nearest the copy point, or failing that (n >= NGRAM_MIN)
+        its latest one."""
         tokens = self.tokens
-        for n in range(min(self.ngram, len(tokens)), NGRAM_MIN - 1, -1):
-            end = self._latest.get(tuple(tokens[len(tokens) - n :]))
-            if end is not None:
-                period = len(tokens) - end
-                return [tokens[end + i % period] for i in range(limit)]
-        return []
+        for n in range(min(self.ngram, len(tokens)), 0, -1):
+            ends = self._ends.get(tuple(tokens[len(tokens) - n :]))
+            if not ends:
+                continue
+            if self._copy_point is not None:
+                i = bisect_left(ends, self._copy_point - NEAR_BEHIND)
+                if i < len(ends) and ends[i] <= self._copy_point + NEAR_AHEAD:
+                    return ends[i], (True, self._agreement(ends[i], n))
+            if n >= NGRAM_MIN:
+                return ends[-1], (False, self._agreement(ends[-1], n))
+        return None
+
+    def _agreement(self, end: int, n: int) -> int:
+        """The class of how many tokens before `end` agree with the sequence's last ones (n at
+        least, up to LONGEST_AGREEMENT): a key of PRIOR_RATES."""
+        tokens, last = self.tokens, len(self.tokens) - 1
+        while n < LONGEST_AGREEMENT and end - 1 - n >= 0 and tokens[end - 1 - n] == tokens[last - n]:
+            n += 1
+        return max(k for k in PRIOR_RATES if k <= n)
+
+    def propose(self, room: int, cost: float) -> list[int]:
+        """The tokens that followed the match (continued periodically past the sequence's end),
+        as many as pay at a checked row's `cost` (a fraction of a step), at most `room`; [] when
+        nothing matches or no length pays."""
+        self._pending = None
+        match = self._match() if room > 0 else None
+        if match is None:
+            return []
+        end, kind = match
+        k = best_length(self._rates.get(kind, PRIOR_RATES[kind[1]]), cost, min(self.most, room))
+        if k == 0:
+            self._idle += 1
+            if self._idle < PROBE_STEPS:
+                return []
+            k = 1  # a probe: the rate may have changed
+        self._idle = 0
+        self._pending = match
+        period = len(self.tokens) - end
+        return [self.tokens[end + i % period] for i in range(k)]
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """Learn from the last proposal: its class's rate, and the copy point (after the kept
+        tokens, past the refused one: the reply changed a token of what it copies)."""
+        if not proposed or self._pending is None:
+            return
+        end, kind = self._pending
+        self._rates[kind] = _learn(self._rates.get(kind, PRIOR_RATES[kind[1]]), proposed, accepted)
+        self._copy_point = end + accepted + (accepted < proposed)
+        self._pending = None
