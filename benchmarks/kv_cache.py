@@ -3,6 +3,7 @@ minillm against llama.cpp at the same KV type on the same file.
 
     python benchmarks/kv_cache.py accuracy [--files TEXT ...] [--ctx 1024] [--stride 512]
     python benchmarks/kv_cache.py speed [--model GGUF] [--depths 1024 8192] [--rounds 5] [--kv q8_0 ...]
+    python benchmarks/kv_cache.py deep [--model GGUF] [--depth 32768] [--rounds 5] [--kv float16]
 
 accuracy: perplexity of the default model (its F32 GGUF, so only the cache's rounding differs)
 at each KV format in both engines, over the same token ids and HF-style sliding windows, and each
@@ -14,6 +15,12 @@ in each engine in turn (alternating, fresh processes), 2 threads; medians and mi
 ratios of the prefill and decode tokens/s and of peak RSS. Default model: the 1.2B shape at
 Q4_0 (bench_vs_llamacpp.random_1b).
 
+deep: decode at a depth too long to prefill once per round (llama.cpp's 32k prefill takes most of an
+hour here): one long-lived process per engine prefills the P random tokens once (timed: one
+prefill each), then the rounds alternate between them, each decoding 32 greedy tokens from that
+state and taking them back out of the cache (minillm: the cache's length; llama.cpp:
+llama_memory_seq_rm), so every round times the same work; then each reports its peak RSS.
+
 Writes benchmarks/kv_results.json (merged by mode). Not a test.
 """
 
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -118,6 +126,86 @@ def speed(args) -> dict:
     return {"model": model.name, "threads": threads, "decode_steps": DECODE_STEPS, "samples": samples, "table": table}
 
 
+WORKER_MINILLM_DEEP = r"""
+import json, sys, time
+import numpy as np
+from minillm.bench import peak_rss_mb
+from minillm.core.model import Model
+path, P, G, ctx, kv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+model = Model.load(path, ctx=ctx, kv_dtype=kv)
+prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, size=P)
+cache = model.new_cache()
+model.forward(prompt[:8], cache); model.forward(prompt[:1], cache); cache.length = 0  # warm-up
+t0 = time.perf_counter()
+first = int(np.argmax(model.forward(prompt, cache)))
+print(json.dumps({"prefill_tok_s": P / (time.perf_counter() - t0)}), flush=True)
+for line in sys.stdin:
+    token, t0 = first, time.perf_counter()
+    for _ in range(G):
+        token = int(np.argmax(model.forward([token], cache)))
+    seconds = time.perf_counter() - t0
+    cache.length = P  # the decoded positions taken back out
+    print(json.dumps({"decode_tok_s": G / seconds, "peak_rss_mb": peak_rss_mb()}), flush=True)
+"""
+
+# llama.cpp's worker for deep: its bench worker's setup and warm-up, then one prefill and decode
+# rounds on request
+_TIMED = "t0 = time.perf_counter()\ntoken = int("  # where the bench worker's timed part starts
+assert _TIMED in bench.WORKER_LLAMA
+WORKER_LLAMA_DEEP = bench.WORKER_LLAMA.split(_TIMED)[0] + r"""
+t0 = time.perf_counter()
+first = int(np.argmax(decode(prompt)))
+print(json.dumps({"prefill_tok_s": P / (time.perf_counter() - t0)}), flush=True)
+import resource
+for line in sys.stdin:
+    token, t0 = first, time.perf_counter()
+    for _ in range(G):
+        token = int(np.argmax(decode([token])))
+    seconds = time.perf_counter() - t0
+    L.llama_memory_seq_rm(mem, 0, P, -1)  # the decoded positions taken back out
+    print(json.dumps({"decode_tok_s": G / seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+"""
+
+
+def deep(args) -> dict:
+    model = Path(args.model) if args.model else None
+    if model is None:
+        bench.ensure_llama_cpp()
+        model = bench.quantized(bench.to_gguf(bench.random_1b(), "bf16"), "Q4_0")
+    threads, P = 2, args.depth
+    ctx = bench.context_size(P, DECODE_STEPS)
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    commands = {"minillm": [sys.executable, "-c", WORKER_MINILLM_DEEP, str(model), str(P), str(DECODE_STEPS), str(ctx), args.kv],
+                "llama.cpp": [sys.executable, "-c", WORKER_LLAMA_DEEP, str(model), str(P), str(DECODE_STEPS), str(threads), str(ctx), LLAMA_KV[args.kv]]}
+    workers, cells = {}, {}
+    try:
+        for engine, cmd in commands.items():  # one prefill at a time: each has the cores to itself
+            workers[engine] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            out = json.loads(workers[engine].stdout.readline())
+            cells[engine] = {"prefill": out["prefill_tok_s"], "decode": [], "rss": None}
+            print(f"depth {P} KV {args.kv} {engine}: prefill {out['prefill_tok_s']:.1f} tok/s", flush=True)
+        for r in range(args.rounds):
+            for engine in ("minillm", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "minillm"):
+                workers[engine].stdin.write("decode\n")
+                workers[engine].stdin.flush()
+                out = json.loads(workers[engine].stdout.readline())
+                cells[engine]["decode"].append(out["decode_tok_s"])
+                cells[engine]["rss"] = out["peak_rss_mb"]
+                print(f"depth {P} KV {args.kv} round {r + 1} {engine}: decode {out['decode_tok_s']:.2f} tok/s", flush=True)
+    finally:
+        for w in workers.values():
+            w.kill()
+    med = {e: statistics.median(c["decode"]) for e, c in cells.items()}
+    result = {"model": model.name, "threads": threads, "depth": P, "kv": args.kv, "rounds": args.rounds, "decode_steps": DECODE_STEPS,
+              "cells": cells, "decode_ratio": med["minillm"] / med["llama.cpp"],
+              "prefill_ratio": cells["minillm"]["prefill"] / cells["llama.cpp"]["prefill"],
+              "rss_minus_llama_mb": cells["minillm"]["rss"] - cells["llama.cpp"]["rss"]}
+    print(f"depth {P} KV {args.kv}: decode {med['minillm']:.2f} / {med['llama.cpp']:.2f} = {result['decode_ratio']:.2f}x "
+          f"(medians of {args.rounds}); prefill (one each) {result['prefill_ratio']:.2f}x; peak RSS {cells['minillm']['rss']:.0f} vs "
+          f"{cells['llama.cpp']['rss']:.0f} MiB")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -131,10 +219,17 @@ def main() -> None:
     sp.add_argument("--depths", nargs="+", type=int, default=[1024, 8192])
     sp.add_argument("--rounds", type=int, default=5)
     sp.add_argument("--kv", nargs="+", default=["float16", "q8_0"])
+    dp = sub.add_parser("deep")
+    dp.add_argument("--model", help="a GGUF file (default: the 1.2B shape at Q4_0)")
+    dp.add_argument("--depth", type=int, default=32768)
+    dp.add_argument("--rounds", type=int, default=5)
+    dp.add_argument("--kv", default="float16", choices=list(LLAMA_KV))
     args = ap.parse_args()
     report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if args.mode == "accuracy":
         report["accuracy"] = accuracy(args)
+    elif args.mode == "deep":
+        report.setdefault("deep", {})[f"{args.depth}/{args.kv}"] = deep(args)
     else:  # depths and cache types measured in separate runs gather under one model
         result, earlier = speed(args), report.get("speed", {})
         if earlier.get("model") == result["model"]:
