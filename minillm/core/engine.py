@@ -594,7 +594,8 @@ class Engine:
         return True
 
     def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int) -> None:
-        """Update the running estimates of a decode step's time and of a prompt row's."""
+        """Update the running estimates of a decode step's time, of a prompt row's and (from steps
+        without prompt rows) of a checked row's."""
         w = TIMING_WEIGHT
         if not prompt_rows:
             self._row_cost.record(decode_rows, seconds)
