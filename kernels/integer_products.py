@@ -252,10 +252,9 @@ def _avx2_pair_sums(b):
     return maddubs, maddwd, ir.Constant(I16x16, [1] * 16)
 
 
-def _splat_i32(b, value):
-    """An i32 in every lane of 16."""
-    v = b.insert_element(ir.Constant(I32_VEC, ir.Undefined), value, I32(0))
-    return b.shuffle_vector(v, v, ir.Constant(I32_VEC, [0] * LANES))
+def _byte_half(b, v, h):
+    """Bytes 32 h .. 32 h + 31 of 64: AVX2's register of them."""
+    return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32))))
 
 
 def _pair_sums_avx2(b, u, s, wide_levels):
@@ -263,9 +262,8 @@ def _pair_sums_avx2(b, u, s, wide_levels):
     pair sums, half by half."""
     maddubs, maddwd, ones = _avx2_pair_sums(b)
     halves = []
-    for h in (0, 32):
-        pick = ir.Constant(ir.VectorType(I32, 32), list(range(h, h + 32)))
-        uh, sh = b.shuffle_vector(u, u, pick), b.shuffle_vector(s, s, pick)
+    for h in (0, 1):
+        uh, sh = _byte_half(b, u, h), _byte_half(b, s, h)
         if wide_levels:
             low = b.and_(uh, ir.Constant(BYTES32, [127] * 32))
             top = b.lshr(uh, ir.Constant(BYTES32, [7] * 32))
@@ -378,7 +376,7 @@ def _exact_sums(b, token, e, parts, level_max, corr=None):
     for p in (phi, plo):
         chains = [zero] * CHAINS
         if p is plo and corr is not None:
-            chains[0] = _splat_i32(b, corr)
+            chains[0] = splat(b, corr)
         for i, (levels, off) in enumerate(parts):
             chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=level_max >= 128)
         total = chains[0]
@@ -403,7 +401,6 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
     widens them to int32; per 32-byte half, as _pair_sums_avx2. For Q4 levels that is one
     vpmaddwd per 8 parts (a block) instead of one per part."""
     maddubs, maddwd, ones = _avx2_pair_sums(b)
-    half = lambda v, h: b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32))))
     per = max(1, 32767 // (256 * level_max))
     plo, phi, _ = token
     sums = []
@@ -414,7 +411,7 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
             for levels, off in parts[g : g + per]:
                 s = _broadcast4(b, p, b.add(e, I64(off)))
                 for h in (0, 1):
-                    v = b.call(maddubs, [half(levels, h), half(s, h)])
+                    v = b.call(maddubs, [_byte_half(b, levels, h), _byte_half(b, s, h)])
                     pairs[h] = v if pairs[h] is None else b.add(pairs[h], v)
             for h in (0, 1):
                 v = b.call(maddwd, [pairs[h], ones])
@@ -422,7 +419,7 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
         sums.append(b.shuffle_vector(words[0], words[1], ir.Constant(I32_VEC, list(range(LANES)))))
     hi, lo = sums
     if corr is not None:
-        lo = b.add(lo, _splat_i32(b, corr))
+        lo = b.add(lo, splat(b, corr))
     return b.add(b.shl(hi, ir.Constant(I32_VEC, [8] * LANES)), lo)
 
 

@@ -76,8 +76,8 @@ def load_f32(builder, ptr, i):
 
 
 def splat(builder, scalar, lanes=LANES):
-    """`lanes` copies of a float32 scalar."""
-    vec = builder.insert_element(ir.Constant(ir.VectorType(F32, lanes), ir.Undefined), scalar, I32(0))
+    """`lanes` copies of a scalar (float32, or an integer)."""
+    vec = builder.insert_element(ir.Constant(ir.VectorType(scalar.type, lanes), ir.Undefined), scalar, I32(0))
     return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 

@@ -100,7 +100,6 @@ class RowCost:
 
     def __init__(self):
         self._moments: list[float] | None = None  # weighted means of x, y, x^2, x y (x rows, y seconds)
-        self._cost = self.PRIOR
         self._per_row = self._base = None
 
     def record(self, rows: int, seconds: float) -> None:
@@ -181,6 +180,10 @@ class PromptLookup:
             n += 1
         return max(k for k in PRIOR_RATES if k <= n)
 
+    def _rate(self, kind: tuple[bool, int]) -> float:
+        """The kept rate learned for a kind of match, or its prior."""
+        return self._rates.get(kind, PRIOR_RATES[kind[1]])
+
     def propose(self, room: int, cost: float) -> list[int]:
         """The tokens that followed the match (continued periodically past the sequence's end),
         as many as pay at a checked row's `cost` (a fraction of a step), at most `room`; [] when
@@ -190,7 +193,7 @@ class PromptLookup:
         if match is None:
             return []
         end, kind = match
-        k = best_length(self._rates.get(kind, PRIOR_RATES[kind[1]]), cost, min(self.most, room))
+        k = best_length(self._rate(kind), cost, min(self.most, room))
         if k == 0:
             self._idle += 1
             if self._idle < PROBE_STEPS:
@@ -207,6 +210,6 @@ class PromptLookup:
         if not proposed or self._pending is None:
             return
         end, kind = self._pending
-        self._rates[kind] = _learn(self._rates.get(kind, PRIOR_RATES[kind[1]]), proposed, accepted)
+        self._rates[kind] = _learn(self._rate(kind), proposed, accepted)
         self._copy_point = end + accepted + (accepted < proposed)
         self._pending = None
