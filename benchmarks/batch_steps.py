@@ -2,6 +2,7 @@
 what 8 sequences give over one, on the model and precision given.
 
     python benchmarks/batch_steps.py [--model PATH] [--dtype D] [--threads N] [--rounds 5] [--depth 128]
+                                     [--sizes 1,2,4,8]
 
 Every sequence is prefilled to --depth tokens; each step then runs the same token again at the
 same position (the cache length is put back), so every round times the same work. Batch sizes
@@ -23,7 +24,7 @@ import numba
 import minillm
 from minillm.core.cache import KVPool
 
-SIZES = (1, 2, 4, 8)
+SIZES = "1,2,4,8"
 
 
 def timed_steps(model, sequences: int, depth: int):
@@ -57,16 +58,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20, help="steps per batch size and round")
     ap.add_argument("--depth", type=int, default=128, help="tokens already in each sequence's cache")
+    ap.add_argument("--sizes", default=SIZES, help="comma-separated batch sizes (1 is always timed: the ratios' base)")
     args = ap.parse_args()
+    sizes = sorted({1, *map(int, args.sizes.split(","))})
 
     numba.set_num_threads(args.threads)
     model = minillm.load(args.model, dtype=args.dtype).model if args.model else minillm.load(dtype=args.dtype).model
-    step = timed_steps(model, max(SIZES), args.depth)
-    for B in SIZES:  # warm-up: every batch size's buffers made, kernels loaded
+    step = timed_steps(model, max(sizes), args.depth)
+    for B in sizes:  # warm-up: every batch size's buffers made, kernels loaded
         step(B)
-    per_round: dict[int, list[float]] = {B: [] for B in SIZES}
+    per_round: dict[int, list[float]] = {B: [] for B in sizes}
     for _ in range(args.rounds):
-        for B in SIZES:
+        for B in sizes:
             per_round[B].append(statistics.median(step(B) for _ in range(args.steps)))
 
     one = statistics.median(per_round[1])
@@ -74,7 +77,7 @@ def main() -> None:
     print(f"batched decode steps, {what}, medians of {args.rounds} rounds")
     print("| sequences | step ms | x step of 1 | tok/s | x tok/s of 1 |")
     print("|---|---|---|---|---|")
-    for B in SIZES:
+    for B in sizes:
         t = statistics.median(per_round[B])
         print(f"| {B} | {t * 1000:.2f} | {t / one:.2f} | {B / t:.1f} | {B * one / t:.2f} |")
 

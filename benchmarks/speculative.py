@@ -9,7 +9,9 @@ does not (open-ended continuation). Each round runs every task through engines o
 weights, plain and each of --modes (`ngram`: prompt lookup; `draft`: the same model at
 --draft-dtype proposing), in an order that rotates; decode tokens/s is timed from the first token
 to the last. Reported per task: medians over rounds, the ratio, the share of
-proposed tokens accepted, and whether the texts were identical (they must be).
+proposed tokens accepted, whether the texts were identical (they must be), and lookup's ceiling:
+plain decoding's text replayed through prompt lookup with rows that cost nothing (it proposes
+--spec-tokens every step), tokens per step, which no row cost can beat.
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -23,6 +25,8 @@ import minillm
 from minillm.core.engine import Engine
 from minillm.core.model import Model
 from minillm.core.sampling import SamplingParams
+from minillm.core.speculative import PromptLookup
+from minillm.options import DEFAULT_SPEC_NGRAM
 
 PARAGRAPH = ("minillm is a CPU inference engine for Llama-family language models, written in Python on NumPy and "
              "Numba. Its kernels are compiled for your CPU on the first run and loaded from Numba's cache after. It "
@@ -97,6 +101,24 @@ def decode_rate(engine: Engine, prompt: list[int], tokens: int):
     return (len(out) - 1) / (times[-1] - times[0]) if len(out) > 1 else float("nan"), out
 
 
+def lookup_ceiling(prompt: list[int], out: list[int], most: int) -> float:
+    """Tokens per step were checked rows free: plain decoding's text `out` replayed through
+    PromptLookup at row cost 0 (then it always proposes `most`), the first token from the prompt's
+    step not counted."""
+    lookup = PromptLookup(prompt, most, DEFAULT_SPEC_NGRAM)
+    lookup.extend(out[:1])
+    i, steps = 1, 0
+    while i < len(out):
+        draft = lookup.propose(len(out) - i - 1, 0.0)
+        kept = 0
+        while kept < len(draft) and draft[kept] == out[i + kept]:
+            kept += 1
+        lookup.extend(out[i : i + kept + 1])
+        lookup.update(len(draft), kept)
+        i, steps = i + kept + 1, steps + 1
+    return (len(out) - 1) / steps if steps else float("nan")
+
+
 def main() -> None:
     global engine_eos
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -121,7 +143,7 @@ def main() -> None:
     rates = {name: {mode: [] for mode in engines} for name in TASKS}
     counts = {name: {mode: [0, 0] for mode in engines} for name in TASKS}
     same = {name: True for name in TASKS}
-    lengths = {}
+    lengths, ceilings = {}, {}
     modes = list(engines)
     for r in range(args.rounds):
         order = modes[r % len(modes):] + modes[: r % len(modes)]
@@ -136,10 +158,11 @@ def main() -> None:
                 counts[name][mode][1] += engine.stats.spec_accepted_tokens - before[1]
             same[name] &= all(out == outs["plain"] for out in outs.values())
             lengths[name] = len(outs["plain"])
+            ceilings[name] = lookup_ceiling(prompt, outs["plain"], args.spec_tokens)
     print(f"{args.rounds} rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token"
           + (f"; draft: the model at {args.draft_dtype}" if "draft" in engines else ""))
     header = f"{'task':18} {'tokens':>6} {'plain':>7}" + "".join(f" {m:>7} {'ratio':>6} {'kept':>5}" for m in modes[1:])
-    print(header + "  text")
+    print(header + "  text       ceiling")
     for name in TASKS:
         plain = statistics.median(rates[name]["plain"])
         line = f"{name:18} {lengths[name]:6d} {plain:7.1f}"
@@ -147,7 +170,7 @@ def main() -> None:
             rate = statistics.median(rates[name][mode])
             proposed, kept = counts[name][mode]
             line += f" {rate:7.1f} {rate / plain:6.2f} {(f'{kept / proposed:.0%}' if proposed else '-'):>5}"
-        print(line + f"  {'identical' if same[name] else 'DIFFERS'}")
+        print(line + f"  {'identical' if same[name] else 'DIFFERS':9}  {ceilings[name]:7.2f}")
 
 
 engine_eos: tuple = ()

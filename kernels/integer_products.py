@@ -292,10 +292,12 @@ def _broadcast4(b, p, off):
 # hardware prefetcher alone fell behind: the weight loads stalled (17% of a step's samples on
 # them). A decode step of 8 sequences on the default model's Q4_0 file 14.7 -> 12.4 ms, Q8_0
 # 17.8 -> 14.1, Q4_K_M 19.3 -> 17.7 (3 alternating rounds; 8 or 16 KB ahead, or into L1, the
-# same). Later tiles of a prefill find the group in cache: asking there too cost prefill 512
-# ~7%; asking in the first only gained 5% (Q4_0 990 -> 1046 tok/s, 4 rounds). Lone tokens keep
-# the prefetcher's pace (module docstring).
-STREAMED_TILE = 4
+# same). Two tokens already outrun it: with tiles of 2 (grouped_rows) a step of 2 rows on the
+# 1.2B shape's Q4_0 file took 1.5x a lone token's unprefetched, 1.05x prefetched (Zen 4, 3
+# alternating rounds). Later tiles of a prefill find the group in cache: asking there too cost
+# prefill 512 ~7%; asking in the first only gained 5% (Q4_0 990 -> 1046 tok/s, 4 rounds). Lone
+# tokens keep the prefetcher's pace (module docstring).
+STREAMED_TILE = 2
 
 
 def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
@@ -931,10 +933,13 @@ ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_
 
 def grouped_rows(fmt, out, col, w, g, xo, xs):
     """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout's code, a
-    compile-time constant) and every token of xo: tiles of 8 tokens, then 4 (each step's levels
-    unpacked once for them), then one at a time. Eight over two fours: a decode step of 8
+    compile-time constant) and every token of xo: tiles of 8 tokens, then 4, then 2 (each step's
+    levels unpacked once for them), then one at a time. Eight over two fours: a decode step of 8
     sequences on the default model's Q4_0 file 15.6 -> 14.85 ms (4 rounds, alternating); prefill
-    512 level within noise (946 vs 931 tok/s, medians of 4)."""
+    512 level within noise (946 vs 931 tok/s, medians of 4). A tile of 2 for steps of 2, 3, 6 and
+    7 rows (a few sequences, or one checking a short draft): on the 1.2B shape's Q4_0 file a step
+    of 2 rows went from 1.5-1.8x a lone token's time to 1.0-1.1x, of 3 rows from 2.0-2.2x to
+    1.2-1.4x (3 alternating rounds, with STREAMED_TILE 2)."""
     raise NotImplementedError
 
 
@@ -955,6 +960,9 @@ def _grouped_rows(fmt, out, col, w, g, xo, xs):
         while t + 4 <= T:
             tile(out, col, w, g, xo, xs, t, 4)
             t += 4
+        if t + 2 <= T:
+            tile(out, col, w, g, xo, xs, t, 2)
+            t += 2
         while t < T:
             tile(out, col, w, g, xo, xs, t, 1)
             t += 1
