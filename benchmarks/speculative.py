@@ -143,7 +143,7 @@ def main() -> None:
     rates = {name: {mode: [] for mode in engines} for name in TASKS}
     counts = {name: {mode: [0, 0] for mode in engines} for name in TASKS}
     same = {name: True for name in TASKS}
-    lengths, ceilings = {}, {}
+    plain_texts = {}
     modes = list(engines)
     for r in range(args.rounds):
         order = modes[r % len(modes):] + modes[: r % len(modes)]
@@ -157,15 +157,15 @@ def main() -> None:
                 counts[name][mode][0] += engine.stats.spec_draft_tokens - before[0]
                 counts[name][mode][1] += engine.stats.spec_accepted_tokens - before[1]
             same[name] &= all(out == outs["plain"] for out in outs.values())
-            lengths[name] = len(outs["plain"])
-            ceilings[name] = lookup_ceiling(prompt, outs["plain"], args.spec_tokens)
+            plain_texts[name] = outs["plain"]  # greedy: the same every round
+    ceilings = {name: lookup_ceiling(prompts[name], text, args.spec_tokens) for name, text in plain_texts.items()}
     print(f"{args.rounds} rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token"
           + (f"; draft: the model at {args.draft_dtype}" if "draft" in engines else ""))
     header = f"{'task':18} {'tokens':>6} {'plain':>7}" + "".join(f" {m:>7} {'ratio':>6} {'kept':>5}" for m in modes[1:])
     print(header + "  text       ceiling")
     for name in TASKS:
         plain = statistics.median(rates[name]["plain"])
-        line = f"{name:18} {lengths[name]:6d} {plain:7.1f}"
+        line = f"{name:18} {len(plain_texts[name]):6d} {plain:7.1f}"
         for mode in modes[1:]:
             rate = statistics.median(rates[name][mode])
             proposed, kept = counts[name][mode]
