@@ -39,6 +39,7 @@ from .vector_ir import (
     prefetch,
     reduce_tree,
     splat,
+    store_sums,
 )
 
 # ggml type numbers
@@ -310,22 +311,23 @@ def _block_at(b, row, i, fmt):
 
 
 @intrinsic(prefer_literal=True)
-def block_tile(typingctx, fmt, R, G, w, n, x, t):
-    """Rows n..n+R-1 of block-format weights w (ggml type fmt; fmt, R and G compile-time
-    constants) against float32 tokens t..t+G-1 of x (T, K): the R*G sums, token-major ((t, n),
-    (t, n+1), .., (t+G-1, n+R-1)), each the float32 path's dot product of the dequantized row."""
+def block_tile(typingctx, fmt, R, G, out, col, w, n, x, t):
+    """out[t + g, col + n + r] = row n + r of block-format weights w (ggml type fmt) . token t + g
+    of float32 x (T, K), for R rows by G tokens (fmt, R and G compile-time constants), each the
+    float32 path's dot product of the dequantized row."""
     F, nr, ng = literal_value(fmt), literal_value(R), literal_value(G)
     if F not in FORMATS or not nr or not ng or x.dtype != types.float32:
         return None
     block, size = FORMATS[F]
-    sig = types.UniTuple(types.float32, nr * ng)(fmt, R, G, w, n, x, t)
+    sig = types.void(fmt, R, G, out, col, w, n, x, t)
 
     def codegen(context, builder, signature, args):
         b = builder
-        xarr = context.make_array(signature.args[5])(context, b, args[5])
+        xarr = context.make_array(signature.args[7])(context, b, args[7])
         K = b.extract_value(xarr.shape, 1)
-        rows = _row_pointers(context, b, signature.args[3], args[3], as_i64(b, args[4], None), nr)
-        t0 = as_i64(b, args[6], None)
+        n0 = as_i64(b, args[6], None)
+        rows = _row_pointers(context, b, signature.args[5], args[5], n0, nr)
+        t0 = as_i64(b, args[8], None)
         toks = [b.gep(xarr.data, [b.mul(b.add(t0, I64(g)), K)], source_etype=F32) for g in range(ng)]
 
         def steps(count):
@@ -360,7 +362,9 @@ def block_tile(typingctx, fmt, R, G, w, n, x, t):
         steps_end = b.and_(K, I64(-block * per_step))
         accs = loop(b, I64(0), steps_end, block * per_step, [zero] * (nr * ng), steps(per_step))
         accs = loop(b, steps_end, K, block, accs, steps(1))
-        return context.make_tuple(b, signature.return_type, [reduce_tree(b, acc) for acc in accs])
+        sums = [reduce_tree(b, acc) for acc in accs]
+        store_sums(context, b, signature.args[3], args[3], t0, b.add(as_i64(b, args[4], None), n0), sums, nr, ng)
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -420,42 +424,33 @@ def _block_rows(fmt, out, col, w, n0, n1, x):
             if n < n1:
                 _row_tokens(F, 1, out, col, w, n, x)
             return
+        # below 8 tokens the loops stay here, not in _row_tokens: as a call of its own per group
+        # of rows, a step of 2 tokens took 1.2-1.5x as long (one Q4_1 matrix of 6144 x 2048)
         n = n0
         while n + R_DECODE <= n1:  # R_DECODE rows at a time: that many FMA chains in flight
             t = 0
             while t + 4 <= T:  # and four tokens: each row's chunk dequantized once for them
-                s = block_tile(F, R_DECODE, 4, w, n, x, t)
-                for g in range(4):
-                    for r in range(R_DECODE):
-                        out[t + g, col + n + r] = s[g * R_DECODE + r]
+                block_tile(F, R_DECODE, 4, out, col, w, n, x, t)
                 t += 4
             # two tokens at a time too: the shipped Q4_1 file's step of 2 rows took 1.5x a lone
             # token's time as two tiles of 1, 1.04-1.15x as one of 2 (3 rows 2.0x -> 1.4-1.65x)
             if t + 2 <= T:
-                s = block_tile(F, R_DECODE, 2, w, n, x, t)
-                for g in range(2):
-                    for r in range(R_DECODE):
-                        out[t + g, col + n + r] = s[g * R_DECODE + r]
+                block_tile(F, R_DECODE, 2, out, col, w, n, x, t)
                 t += 2
             while t < T:
-                s = block_tile(F, R_DECODE, 1, w, n, x, t)
-                for r in range(R_DECODE):
-                    out[t, col + n + r] = s[r]
+                block_tile(F, R_DECODE, 1, out, col, w, n, x, t)
                 t += 1
             n += R_DECODE
         while n < n1:
             t = 0
             while t + 4 <= T:
-                s = block_tile(F, 1, 4, w, n, x, t)
-                for g in range(4):
-                    out[t + g, col + n] = s[g]
+                block_tile(F, 1, 4, out, col, w, n, x, t)
                 t += 4
             if t + 2 <= T:
-                s = block_tile(F, 1, 2, w, n, x, t)
-                out[t, col + n], out[t + 1, col + n] = s[0], s[1]
+                block_tile(F, 1, 2, out, col, w, n, x, t)
                 t += 2
             while t < T:
-                out[t, col + n] = block_tile(F, 1, 1, w, n, x, t)[0]
+                block_tile(F, 1, 1, out, col, w, n, x, t)
                 t += 1
             n += 1
 
@@ -481,10 +476,7 @@ def _row_tokens_impl(fmt, R, out, col, w, n, x):
         t = 0
         for G in literal_unroll(TOKEN_GROUPS):
             while t + G <= T:
-                s = block_tile(F, nr, G, w, n, x, t)
-                for g in range(G):
-                    for r in range(nr):
-                        out[t + g, col + n + r] = s[g * nr + r]
+                block_tile(F, nr, G, out, col, w, n, x, t)
                 t += G
 
     return tokens

@@ -53,6 +53,7 @@ from .vector_ir import (
     reduce_tree,
     round_bf16_chunk,
     splat,
+    store_sums,
     tile_sums,
     widen_int8_sums,
 )
@@ -220,16 +221,6 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
 TILES_AHEAD = 2
 
 
-def _store_sums(context, builder, oty, out, t_out, c_out, sums, R, G):
-    """out[t_out + g, c_out + r] = sums[R g + r]."""
-    oarr = context.make_array(oty)(context, builder, out)
-    width = builder.extract_value(oarr.shape, 1)
-    for g in range(G):
-        row = builder.gep(oarr.data, [builder.add(builder.mul(builder.add(t_out, I64(g)), width), c_out)], source_etype=F32)
-        for r in range(R):
-            builder.store(sums[R * g + r], builder.gep(row, [I64(r)], source_etype=F32))
-
-
 def _dense_tile(bf16, prefetch=False):
     """An intrinsic tile(out, t_out, c_out, w, n, x, t, R, G) for rows n..n+R-1 of float32 (or
     bfloat16 bits, against bfloat16 tokens) and rows t..t+G-1 of x, over the full chunks: R x G
@@ -259,7 +250,7 @@ def _dense_tile(bf16, prefetch=False):
                                  prefetch_ahead=ahead)
             else:
                 sums = tile_sums(builder, rows, toks, K, prefetch_ahead=ahead)
-            _store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None),
+            store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None),
                         sums, nr, ng)
             return context.get_dummy_value()
 
@@ -336,7 +327,7 @@ def int8_tile_dot(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
 
         sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK,
                          acc_type=int8_acc_type())
-        _store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
+        store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -71,6 +71,16 @@ def data_ptr(context, builder, arrty, arr, offset, elem):
     return builder.gep(data, [offset], source_etype=elem)
 
 
+def store_sums(context, builder, oty, out, t_out, c_out, sums, R, G):
+    """out[t_out + g, c_out + r] = sums[R g + r]."""
+    oarr = context.make_array(oty)(context, builder, out)
+    width = builder.extract_value(oarr.shape, 1)
+    for g in range(G):
+        row = builder.gep(oarr.data, [builder.add(builder.mul(builder.add(t_out, I64(g)), width), c_out)], source_etype=F32)
+        for r in range(R):
+            builder.store(sums[R * g + r], builder.gep(row, [I64(r)], source_etype=F32))
+
+
 def load_f32(builder, ptr, i):
     return builder.load(builder.gep(ptr, [i], source_etype=F32), typ=VEC, align=4)
 
