@@ -4,8 +4,9 @@ every weight format (kernels.formats), choosing register tiles by how many rows 
 One task is 16 output rows against every row of x. Below PANEL_TOKENS rows of x (decode, and
 batched decode) the weights stream from memory once for all of them: row products, 4 x 4 tiles
 from four rows of x, block tiles that unpack each block once for every row of x. From
-PANEL_TOKENS rows on (prefill) each task works in halves of 8 weight rows that stay in L1 while
-4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a float32 panel. Every
+PANEL_TOKENS rows on (prefill), and int8's from eight, each task works in halves of 8 weight rows
+that stay in L1 while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a
+float32 panel. Every
 output equals row_dot of its weight row and activation row to the last bit, whichever tile made
 it, so decode, batched decode and prefill agree bit for bit.
 
@@ -66,6 +67,21 @@ def _long_row(w):
     return lambda w: threshold
 
 
+def swept_from(w):
+    """From how many rows of x dense_task sweeps register tiles over halves of its task
+    (sweep_rows): PANEL_TOKENS, but for int8, whose rows _batch_tiles does not tile, from two
+    tiles' worth (default model at int8, benchmarks/batch_steps.py, 3 alternating rounds: a step of
+    8 sequences 0.71-0.88x the time it took as row products; from one tile, 4 sequences took
+    1.05-1.12x, the tile's scale table and unprefetched rows costing more than they saved)."""
+    raise NotImplementedError
+
+
+@overload(swept_from)
+def _swept_from(w):
+    tokens = 2 * I8_TOKENS if w.dtype == types.int8 else PANEL_TOKENS
+    return lambda w: tokens
+
+
 # ---------------------------------------------------------------- float32, bfloat16, int8 rows
 
 
@@ -78,7 +94,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     n1 = min(N, n0 + ROWS_PER_TASK)
     full = chunked_len(w, K)
     xc = chunk_operand(w, x, xo)
-    if x.shape[0] < PANEL_TOKENS:
+    if x.shape[0] < swept_from(w):
         _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
     else:
         table = scratch[: I8_ROWS * I8_TOKENS * (K // 32)]  # int8 tiles' scale products (only they read it)
