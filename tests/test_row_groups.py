@@ -140,16 +140,18 @@ def test_products_equal_the_integer_reference(fmt, T):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_tile_gives_the_same_bits(fmt):
-    """Tokens alone (decode), in eights, fours and twos (batches) and many at once (prefill)
-    agree to the bit: 23 tokens take two tiles of 8, one of 4, one of 2 and one alone."""
+    """Tokens alone (decode), in eights, fours, threes and twos (batches) and many at once
+    (prefill) agree to the bit: 23 tokens take two tiles of 8, one of 4 and one of 3; 22 end in
+    a tile of 2."""
     q, g, layout = grouped(fmt, 64, 256, seed=7)
     x = np.random.default_rng(7).standard_normal((23, 256)).astype(np.float32)
-    together = np.zeros((23, 64), np.float32)
-    K.matmul(together, x, g, layout)
+    alone = np.zeros((23, 64), np.float32)
     for t in range(23):
-        alone = np.zeros((1, 64), np.float32)
-        K.matmul(alone, x[t : t + 1], g, layout)
-        np.testing.assert_array_equal(alone[0], together[t])
+        K.matmul(alone[t : t + 1], x[t : t + 1], g, layout)
+    for T in (23, 22):
+        together = np.zeros((T, 64), np.float32)
+        K.matmul(together, x[:T], g, layout)
+        np.testing.assert_array_equal(alone[:T], together)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
