@@ -934,8 +934,8 @@ ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_
 def grouped_rows(fmt, out, col, w, g, xo, xs):
     """out[t, col + 16 g ..] for group g of grouped weights (fmt: a grouped layout's code, a
     compile-time constant) and every token of xo: tiles of 8 tokens, then 4, then 3 or 2 (each
-    step's levels unpacked once for them), then one at a time. Eight over two fours: a decode step of 8
-    sequences on the default model's Q4_0 file 15.6 -> 14.85 ms (4 rounds, alternating); prefill
+    step's levels unpacked once for them), then one at a time. Eight over two fours: a decode step
+    of 8 sequences on the default model's Q4_0 file 15.6 -> 14.85 ms (4 rounds, alternating); prefill
     512 level within noise (946 vs 931 tok/s, medians of 4). A tile of 2 for steps of 2, 3, 6 and
     7 rows (a few sequences, or one checking a short draft): on the 1.2B shape's Q4_0 file a step
     of 2 rows went from 1.5-1.8x a lone token's time to 1.0-1.1x, of 3 rows from 2.0-2.2x to

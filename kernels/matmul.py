@@ -6,9 +6,8 @@ batched decode) the weights stream from memory once for all of them: row product
 from four rows of x, block tiles that unpack each block once for every row of x. From
 PANEL_TOKENS rows on (prefill), and int8's from eight, each task works in halves of 8 weight rows
 that stay in L1 while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a
-float32 panel. Every
-output equals row_dot of its weight row and activation row to the last bit, whichever tile made
-it, so decode, batched decode and prefill agree bit for bit.
+float32 panel. Every output equals row_dot of its weight row and activation row to the last bit,
+whichever tile made it, so decode, batched decode and prefill agree bit for bit.
 
 `make_linear(fmt)` and `make_row(fmt)` compile one format's kernels (kernels.formats);
 `matmul` runs one on a whole matrix (tests, load-time checks).

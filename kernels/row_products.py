@@ -251,7 +251,7 @@ def _dense_tile(bf16, prefetch=False):
             else:
                 sums = tile_sums(builder, rows, toks, K, prefetch_ahead=ahead)
             store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None),
-                        sums, nr, ng)
+                       sums, nr, ng)
             return context.get_dummy_value()
 
         return sig, codegen
