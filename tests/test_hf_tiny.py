@@ -184,8 +184,8 @@ def test_low_precision_stays_close_to_float32(tmp_path, case, dtype):
 def test_batches_of_four_and_eight_use_register_tiles_and_stay_bit_identical(tmp_path, dtype, batch):
     """From four sequences on, decode multiplies weight rows into 4 x 4 register tiles, four
     sequences at a time (kernels.matmul._batch_tiles; int8 from eight, in sweep_rows' halves of
-    a task), the rest one row dot at a time; rows of 48
-    and 72 leave tails past the chunks. Every row of the batch equals that sequence decoded alone."""
+    a task), the rest one row dot at a time; rows of 48 and 72 leave tails past the chunks. Every
+    row of the batch equals that sequence decoded alone."""
     from minillm.core.cache import KVPool
 
     make_checkpoint(tmp_path, tie_word_embeddings=False)
