@@ -8,7 +8,12 @@ minillm against llama.cpp at the same KV type on the same file.
 accuracy: perplexity of the default model (its F32 GGUF, so only the cache's rounding differs)
 at each KV format in both engines, over the same token ids and HF-style sliding windows, and each
 engine's increase over its own float32 cache. llama.cpp runs with flash attention (its quantized V
-cache needs it), its cache types f32, f16 and q8_0 (-ctk/-ctv).
+cache needs it), its cache types f32, f16 and q8_0 (-ctk/-ctv). A third column is transformers
+(float32, the same windows) with its keys and values rounded to the format as they enter attention,
+as minillm stores them; and for q8_0 a fourth, transformers rounded llama.cpp's way (queries to
+Q8_0 as well, keys in the GGUF file's interleaved order, levels rounded half to even). Two engines
+that round the same values the same way differ only by float32 noise (5e-5 in the logits), so the
+distance between them says how much of an increase is noise on that text.
 
 speed: for each depth P and KV type, a prefill of P random tokens then 32 greedy decode steps,
 in each engine in turn (alternating, fresh processes), 2 threads; medians and minillm/llama.cpp
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,6 +55,62 @@ DEFAULT_TEXTS = [ROOT / "tests" / "data" / "lighthouse.txt", Path("/usr/share/co
 DECODE_STEPS = 32
 
 
+class RoundedAttention:
+    """transformers' SDPA attention over queries, keys and values rounded to a KV format on their
+    way in (a registered attention function; `scheme` None leaves them as they are)."""
+
+    def __init__(self):
+        import torch
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        self.torch, self.scheme = torch, None
+        AttentionInterface.register("kv_rounded", lambda *a, **kw: sdpa_attention_forward(*self._round(*a), **kw))
+
+    def _round(self, module, query, key, value, mask):
+        if self.scheme is None:
+            return module, query, key, value, mask
+        kv, llama_way = self.scheme
+        torch = self.torch
+        if kv in ("float16", "bfloat16"):
+            dtype = getattr(torch, kv)
+            return module, query, key.to(dtype).float(), value.to(dtype).float(), mask
+        hd = key.shape[-1]  # llama.cpp's K rows pair dimension i with i + hd/2 (its RoPE layout)
+        order = torch.stack([torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], 1).reshape(-1) if llama_way else torch.arange(hd)
+        back = torch.argsort(order)
+
+        def q8_0(x, reorder):
+            x = x[..., order] if reorder else x
+            blocks = x.reshape(*x.shape[:-1], hd // 32, 32)
+            amax = blocks.abs().amax(-1, keepdim=True)
+            d = amax / 127
+            if llama_way:  # ggml's AVX quantize_row_q8_0: x * (127 / amax), rounded to nearest even
+                levels = torch.round(blocks * torch.where(amax > 0, 127 / amax, 0))
+            else:  # quantize_row_q8_0_ref (and minillm): x / d, rounded half away from zero
+                v = blocks * torch.where(d > 0, 1 / d, 0)
+                levels = torch.sign(v) * torch.floor(v.abs() + 0.5)
+            x = (levels * d.half().float()).reshape(x.shape)
+            return x[..., back] if reorder else x
+
+        query = q8_0(query, True) if llama_way else query
+        return module, query, q8_0(key, True), q8_0(value, False), mask
+
+
+def transformers_perplexity(model, rounding: RoundedAttention, scheme, ids, ctx: int, stride: int) -> float:
+    import torch
+
+    from minillm.compare import window_nll, windows
+
+    rounding.scheme = scheme
+    total, count = 0.0, 0
+    for begin, end, n_targets in windows(len(ids), ctx, stride):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids[begin:end]])).logits[0].float().numpy()
+        nll, n = window_nll(logits, ids[begin:end], n_targets)
+        total, count = total + nll, count + n
+    return math.exp(total / count)
+
+
 def accuracy(args) -> dict:
     from minillm.core.model import Model
     from minillm.core.tokenizer import Tokenizer
@@ -58,6 +120,10 @@ def accuracy(args) -> dict:
     f32_dir = default_model_dir()
     gguf = bench.to_gguf(f32_dir, "f32")
     tokenizer = Tokenizer(f32_dir)
+    from transformers import AutoModelForCausalLM
+
+    rounding = RoundedAttention()
+    hf = AutoModelForCausalLM.from_pretrained(f32_dir, dtype="float32", attn_implementation="kv_rounded").eval()
     report = {"model": gguf.name, "ctx": args.ctx, "stride": args.stride, "texts": {}}
     for text in map(Path, args.files):
         if not text.exists():
@@ -76,13 +142,18 @@ def accuracy(args) -> dict:
             except Exception as e:  # a cache type this llama.cpp build refuses
                 print(f"llama.cpp with KV {LLAMA_KV[kv]}: {str(e)[-200:]}")
                 theirs = None
-            rows[kv] = {"minillm": ours, "llama.cpp": theirs}
+            rows[kv] = {"minillm": ours, "llama.cpp": theirs,
+                        "transformers": transformers_perplexity(hf, rounding, None if kv == "float32" else (kv, False), ids, ctx, args.stride)}
+            if kv == "q8_0":
+                rows[kv]["transformers_llama_way"] = transformers_perplexity(hf, rounding, (kv, True), ids, ctx, args.stride)
         for kv, row in rows.items():
-            row["minillm_increase"] = row["minillm"] / rows["float32"]["minillm"] - 1
-            theirs = row["llama.cpp"]
-            row["llama.cpp_increase"] = None if theirs is None else theirs / rows["float32"]["llama.cpp"] - 1
-            print(f"{text.name} ({len(ids)} tokens) KV {kv:9s} minillm {row['minillm']:.4f} ({row['minillm_increase'] * 100:+.3f}%)  "
-                  + ("llama.cpp -" if theirs is None else f"llama.cpp {theirs:.4f} ({row['llama.cpp_increase'] * 100:+.3f}%)"))
+            cells = []
+            for engine in [name for name in ("minillm", "llama.cpp", "transformers", "transformers_llama_way") if name in row]:
+                value = row[engine]
+                base = rows["float32"]["transformers" if engine == "transformers_llama_way" else engine]
+                row[f"{engine}_increase"] = None if value is None else value / base - 1
+                cells.append(f"{engine} " + ("-" if value is None else f"{value:.4f} ({row[f'{engine}_increase'] * 100:+.3f}%)"))
+            print(f"{text.name} ({len(ids)} tokens) KV {kv:9s} " + "  ".join(cells))
         report["texts"][text.name] = {"tokens": len(ids), "by_kv": rows}
     return report
 
