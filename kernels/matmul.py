@@ -3,8 +3,8 @@ every weight format (kernels.formats), choosing register tiles by how many rows 
 
 One task is 16 output rows against every row of x. Below PANEL_TOKENS rows of x (decode, and
 batched decode) the weights stream from memory once for all of them: row products, 4 x 4 tiles
-from four rows of x, block tiles that unpack each block once for every row of x. From
-PANEL_TOKENS rows on (prefill), and int8's from eight, each task works in halves of 8 weight rows
+from four rows of x (int8's last rows in a narrower one), block tiles that unpack each block once
+for every row of x. From PANEL_TOKENS rows on (prefill) each task works in halves of 8 weight rows
 that stay in L1 while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a
 float32 panel. Every output equals row_dot of its weight row and activation row to the last bit,
 whichever tile made it, so decode, batched decode and prefill agree bit for bit.
@@ -31,6 +31,7 @@ from .row_products import (
     row_dot,
     rows_dot4,
     streamed_bf16_tile_dot,
+    streamed_int8_tile_dot,
     streamed_tile_dot,
     tile_dot,
     weight_dot_chunks,
@@ -66,21 +67,6 @@ def _long_row(w):
     return lambda w: threshold
 
 
-def swept_from(w):
-    """From how many rows of x dense_task sweeps register tiles over halves of its task
-    (sweep_rows): PANEL_TOKENS, but for int8, whose rows _batch_tiles does not tile, from two
-    tiles' worth (default model at int8, benchmarks/batch_steps.py, 3 alternating rounds: a step of
-    8 sequences 0.71-0.88x the time it took as row products; from one tile, 4 sequences took
-    1.05-1.12x, the tile's scale table and unprefetched rows costing more than they saved)."""
-    raise NotImplementedError
-
-
-@overload(swept_from)
-def _swept_from(w):
-    tokens = 2 * I8_TOKENS if w.dtype == types.int8 else PANEL_TOKENS
-    return lambda w: tokens
-
-
 # ---------------------------------------------------------------- float32, bfloat16, int8 rows
 
 
@@ -93,22 +79,22 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     n1 = min(N, n0 + ROWS_PER_TASK)
     full = chunked_len(w, K)
     xc = chunk_operand(w, x, xo)
-    if x.shape[0] < swept_from(w):
-        _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full)
+    table = scratch[: I8_ROWS * I8_TOKENS * (K // 32)]  # int8 tiles' scale products (only they read it)
+    if x.shape[0] < PANEL_TOKENS:
+        _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full, table)
     else:
-        table = scratch[: I8_ROWS * I8_TOKENS * (K // 32)]  # int8 tiles' scale products (only they read it)
         for r0 in range(n0, n1, HALF_TASK):
             sweep_rows(out, col, w, s, r0, min(n1, r0 + HALF_TASK), x, xo, xs, xc, table, full)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full):
+def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full, table):
     """Rows n0..n1-1 of w against a few rows of x, the weights streamed from memory once for all
-    of them: 4 x 4 tiles from four rows of x (_batch_tiles), then long rows four at a time
+    of them: register tiles over every row of x when it has enough (_batch_tiles), then long rows four at a time
     (rows_dot4), shorter ones one at a time; each dot product inlined and summed in row_dot's
     order (the chunks, then the tail in sequence)."""
     K = w.shape[1]
-    n = _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full)
+    n = _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full, table)
     if K >= long_row(w):
         while n + 4 <= n1:
             for b in range(x.shape[0]):
@@ -129,59 +115,84 @@ TILE_ROWS, TILE_TOKENS = tile_shape()  # weight rows x rows of x of a register t
 I8_ROWS, I8_TOKENS = tile_shape(int8=True)
 
 
-def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full):
-    """Rows n0.. against TILE_TOKENS or more rows of x in register tiles (vector_ir.tile_shape:
-    4 x 4 with AVX-512, 2 x 3 with AVX2), TILE_TOKENS rows of x at a time: each chunk of the
+def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full, table):
+    """Rows n0.. against a tile's rows of x or more in register tiles (prepared_shape: 4 x 4 with
+    AVX-512, 2 x 3 with AVX2; int8's 4 x 4 everywhere), a tile's rows of x at a time: each chunk of the
     weight rows is loaded once into registers for them, the rows prefetched into L2 as they
     stream from memory (default model float32, 8 sequences: 2.7x one sequence's tokens/s with
-    row dots, 4.5x with 4 x 4 tiles). The next rows of x find the weights in L1. The same sums as
-    every other path, tails added in sequence. Returns the first weight row left for the row
-    products: n0 for fewer rows of x, and for int8 weights, whose tile needs a scratch table."""
+    row dots, 4.5x with 4 x 4 tiles). The next rows of x find the weights in L1, and the last
+    rows a tile leaves go in one narrower tile (_last_tile). The same sums as every other path,
+    tails added in sequence. Returns the first weight row left for the row products (n0 for
+    fewer rows of x than `least`)."""
     raise NotImplementedError
 
 
 @overload(_batch_tiles, jit_options={"fastmath": EXACT_MATH})
-def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full):
-    if w.dtype not in (types.float32, types.uint16):
-        return lambda out, col, w, s, n0, n1, x, xc, xs, full: n0
+def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full, table):
+    TR, TT = (I8_ROWS, I8_TOKENS) if w.dtype == types.int8 else (TILE_ROWS, TILE_TOKENS)
+    # int8 tiles from 2 rows of x (default model, a step of 2 or 3 sequences 0.73-0.83x the time of
+    # row products); float32 and bfloat16 from a tile's, as before (narrower tiles: level to 1.2x)
+    least = 2 if w.dtype == types.int8 else TT
 
-    def tiles(out, col, w, s, n0, n1, x, xc, xs, full):
+    def tiles(out, col, w, s, n0, n1, x, xc, xs, full, table):
         B = x.shape[0]
         n = n0
-        if B < TILE_TOKENS:
+        if B < least:
             return n
-        while n + TILE_ROWS <= n1:
+        while n + TR <= n1:
             b = 0
-            while b + TILE_TOKENS <= B:
-                streamed_tile(out, b, col + n, w, s, n, xc, b)
-                if full < x.shape[1]:
-                    _add_tails(out, b, col + n, TILE_TOKENS, TILE_ROWS, w, s, n, x, full)
-                b += TILE_TOKENS
-            for bb in range(b, B):  # the rows of x a tile left, one dot product at a time
-                for i in range(n, n + TILE_ROWS):
-                    total = weight_dot_chunks(w, s, i, xc[bb], xs[bb])
-                    for k in range(full, w.shape[1]):
-                        total += weight_at(w, s, i, k) * activation(w, x[bb, k])
-                    out[bb, col + i] = total
-            n += TILE_ROWS
+            while b + TT <= B:
+                streamed_tile(out, b, col + n, w, s, n, xc, xs, b, table, TT)
+                b += TT
+            if b < B:
+                _last_tile(out, b, col + n, w, s, n, xc, xs, table, B - b)
+            if full < x.shape[1]:
+                _add_tails(out, 0, col + n, B, TR, w, s, n, x, full)
+            n += TR
         return n
 
     return tiles
 
 
-def streamed_tile(out, t_out, c_out, w, s, n, xo, t):
-    """Weight rows n.. of float32 or bfloat16 weights against rows t.. of xo in a register tile,
-    the sums stored into out[t_out + g, c_out + r], each equal to the decode's dot product; the
-    rows below prefetched into L2 (row_products.TILES_AHEAD), as decode's batches read them."""
+def _last_tile(out, t, c, w, s, n, xo, xs, table, rows):
+    """The last rows of x, fewer than a tile's, from row t, in one narrower tile (streamed_tile),
+    rather than a dot product each (default model at float32, a step of 5-7 sequences 0.69-0.78x
+    the time; at int8 0.68-0.70x)."""
     raise NotImplementedError
 
 
-@overload(streamed_tile)
-def _streamed_tile(out, t_out, c_out, w, s, n, xo, t):
+@overload(_last_tile, jit_options={"fastmath": EXACT_MATH})
+def _last_tile_impl(out, t, c, w, s, n, xo, xs, table, rows):
+    def last(out, t, c, w, s, n, xo, xs, table, rows):
+        if rows == 1:
+            streamed_tile(out, t, c, w, s, n, xo, xs, t, table, 1)
+        elif rows == 2:
+            streamed_tile(out, t, c, w, s, n, xo, xs, t, table, 2)
+        else:  # 3 (AVX2's float32 tiles take 3 rows of x, so never less than a tile's there)
+            streamed_tile(out, t, c, w, s, n, xo, xs, t, table, 3)
+
+    return last
+
+
+def streamed_tile(out, t_out, c_out, w, s, n, xo, xs, t, table, G):
+    """Weight rows n.. against G rows t.. of xo (G a literal) in a register tile, as
+    prepared_tile's, the rows below prefetched into L2 (row_products.TILES_AHEAD), as decode's
+    batches read them."""
+    raise NotImplementedError
+
+
+@overload(streamed_tile, prefer_literal=True)
+def _streamed_tile(out, t_out, c_out, w, s, n, xo, xs, t, table, G):
+    g = getattr(G, "literal_value", None)
+    if g is None:
+        return None
     if w.dtype == types.float32:
-        return lambda out, t_out, c_out, w, s, n, xo, t: streamed_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table, G: streamed_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, g)
     if w.dtype == types.uint16:
-        return lambda out, t_out, c_out, w, s, n, xo, t: streamed_bf16_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, TILE_TOKENS)
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table, G: streamed_bf16_tile_dot(out, t_out, c_out, w, n, xo, t, TILE_ROWS, g)
+    if w.dtype == types.int8:
+        return lambda out, t_out, c_out, w, s, n, xo, xs, t, table, G: streamed_int8_tile_dot(out, t_out, c_out, w, s, n, xo, xs, t, table,
+                                                                                               I8_ROWS, g)
     return None
 
 

@@ -265,72 +265,81 @@ streamed_tile_dot = _dense_tile(bf16=False, prefetch=True)  # decode's batches
 streamed_bf16_tile_dot = _dense_tile(bf16=True, prefetch=True)
 
 
-@intrinsic(prefer_literal=True)
-def int8_tile_dot(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G):
-    """int8 weight rows n..n+R-1 (scales s) against rows t..t+G-1 of xq, quantized per block with
-    scales xs (quantize_blocks), over the full blocks: R x G sums, each equal to
-    weight_dot_chunks of the pair, stored as _dense_tile's.
+def _int8_tile(prefetch=False):
+    """An intrinsic tile(out, t_out, c_out, w, s, n, xq, xs, t, table, R, G): int8 weight rows
+    n..n+R-1 (scales s) against rows t..t+G-1 of xq, quantized per block with scales xs
+    (quantize_blocks), over the full blocks: R x G sums, each equal to weight_dot_chunks of the
+    pair, stored as _dense_tile's. prefetch: as _dense_tile's (decode's batches of 4-7 rows).
 
     The R x G scale products of a block (weight scale * token scale, as int8_block_term forms
     them) are made first into `table` (float32, R x G per block); the main loop then broadcasts
     them from memory. Formed inside it, they took a quarter of the loop's arithmetic.
     """
-    nr, ng = getattr(R, "literal_value", None), getattr(G, "literal_value", None)
-    if not nr or not ng:
-        return None
-    sig = types.void(out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
 
-    def codegen(context, builder, signature, args):
-        wty, sty, _, xty, xsty, _, tty = signature.args[3:10]
-        warr, sarr = context.make_array(wty)(context, builder, args[3]), context.make_array(sty)(context, builder, args[4])
-        xarr, xsarr = context.make_array(xty)(context, builder, args[6]), context.make_array(xsty)(context, builder, args[7])
-        ptab = data_ptr(context, builder, tty, args[9], I64(0), F32)
-        K, KB = builder.extract_value(warr.shape, 1), builder.extract_value(sarr.shape, 1)
-        XB = builder.extract_value(xsarr.shape, 1)
-        n0, t0 = as_i64(builder, args[5], None), as_i64(builder, args[8], None)
-        wrows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), K)], source_etype=ir.IntType(8)) for r in range(nr)]
-        srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(nr)]
-        xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(ng)]
-        xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(ng)]
-        per_block = nr * ng
+    def typer(typingctx, out, t_out, c_out, w, s, n, xq, xs, t, table, R, G):
+        nr, ng = getattr(R, "literal_value", None), getattr(G, "literal_value", None)
+        if not nr or not ng:
+            return None
+        sig = types.void(out, t_out, c_out, w, s, n, xq, xs, t, table, R, G)
 
-        lanes = lambda ix: ir.Constant(ir.VectorType(I32, per_block), ix)
+        def codegen(context, builder, signature, args):
+            wty, sty, _, xty, xsty, _, tty = signature.args[3:10]
+            warr, sarr = context.make_array(wty)(context, builder, args[3]), context.make_array(sty)(context, builder, args[4])
+            xarr, xsarr = context.make_array(xty)(context, builder, args[6]), context.make_array(xsty)(context, builder, args[7])
+            ptab = data_ptr(context, builder, tty, args[9], I64(0), F32)
+            K, KB = builder.extract_value(warr.shape, 1), builder.extract_value(sarr.shape, 1)
+            XB = builder.extract_value(xsarr.shape, 1)
+            n0, t0 = as_i64(builder, args[5], None), as_i64(builder, args[8], None)
+            wrows = [builder.gep(warr.data, [builder.mul(builder.add(n0, I64(r)), K)], source_etype=ir.IntType(8)) for r in range(nr)]
+            srows = [builder.gep(sarr.data, [builder.mul(builder.add(n0, I64(r)), KB)], source_etype=I16) for r in range(nr)]
+            xrows = [builder.gep(xarr.data, [builder.mul(builder.add(t0, I64(j)), K)], source_etype=I16) for j in range(ng)]
+            xsrows = [builder.gep(xsarr.data, [builder.mul(builder.add(t0, I64(j)), XB)], source_etype=F32) for j in range(ng)]
+            per_block = nr * ng
 
-        def products(blk, _):  # table[R G blk + R j + r] = scale of row r * scale of token j
-            # as one vector of R G lanes: the R row scales and G token scales gathered, spread by
-            # shuffles, widened and multiplied at once (one at a time cost int8 prefill ~35%)
-            ws = ir.Constant(ir.VectorType(I16, nr), [0] * nr)
-            for r in range(nr):
-                ws = builder.insert_element(ws, builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2), I32(r))
-            xsv = ir.Constant(ir.VectorType(F32, ng), [0.0] * ng)
-            for j in range(ng):
-                xsv = builder.insert_element(xsv, builder.load(builder.gep(xsrows[j], [blk], source_etype=F32), typ=F32, align=4), I32(j))
-            ws_all = builder.shuffle_vector(ws, ws, lanes([r for _ in range(ng) for r in range(nr)]))
-            xs_all = builder.shuffle_vector(xsv, xsv, lanes([j for j in range(ng) for _ in range(nr)]))
-            dst = builder.gep(ptab, [builder.mul(blk, I64(per_block))], source_etype=F32)
-            builder.store(builder.fmul(half_to_f32(builder, ws_all), xs_all), builder.bitcast(dst, ir.VectorType(F32, per_block).as_pointer()), align=4)
-            return []
+            lanes = lambda ix: ir.Constant(ir.VectorType(I32, per_block), ix)
 
-        loop(builder, I64(0), builder.sdiv(K, I64(QBLOCK)), 1, [], products)
+            def products(blk, _):  # table[R G blk + R j + r] = scale of row r * scale of token j
+                # as one vector of R G lanes: the R row scales and G token scales gathered, spread by
+                # shuffles, widened and multiplied at once (one at a time cost int8 prefill ~35%)
+                ws = ir.Constant(ir.VectorType(I16, nr), [0] * nr)
+                for r in range(nr):
+                    ws = builder.insert_element(ws, builder.load(builder.gep(srows[r], [blk], source_etype=I16), typ=I16, align=2), I32(r))
+                xsv = ir.Constant(ir.VectorType(F32, ng), [0.0] * ng)
+                for j in range(ng):
+                    xsv = builder.insert_element(xsv, builder.load(builder.gep(xsrows[j], [blk], source_etype=F32), typ=F32, align=4), I32(j))
+                ws_all = builder.shuffle_vector(ws, ws, lanes([r for _ in range(ng) for r in range(nr)]))
+                xs_all = builder.shuffle_vector(xsv, xsv, lanes([j for j in range(ng) for _ in range(nr)]))
+                dst = builder.gep(ptab, [builder.mul(blk, I64(per_block))], source_etype=F32)
+                builder.store(builder.fmul(half_to_f32(builder, ws_all), xs_all), builder.bitcast(dst, ir.VectorType(F32, per_block).as_pointer()), align=4)
+                return []
 
-        def load_row(b, r, i):  # the row's index and position ride along to find the scale
-            return int8_values(b, wrows[r], i), r, i
+            loop(builder, I64(0), builder.sdiv(K, I64(QBLOCK)), 1, [], products)
 
-        def load_token(b, j, i):
-            return int16_values(b, xrows[j], i), j
+            def load_row(b, r, i):  # the row's index and position ride along to find the scale
+                return int8_values(b, wrows[r], i), r, i
 
-        def term(b, acc, wv, xv):
-            (w_values, r, i), (x_values, j) = wv, xv
-            at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(per_block)), I64(nr * j + r))
-            scale = splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4), int8_lanes())
-            return int8_pairs_term(b, acc, w_values, x_values, scale)
+            def load_token(b, j, i):
+                return int16_values(b, xrows[j], i), j
 
-        sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK,
-                         acc_type=int8_acc_type())
-        store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
-        return context.get_dummy_value()
+            def term(b, acc, wv, xv):
+                (w_values, r, i), (x_values, j) = wv, xv
+                at = b.add(b.mul(b.sdiv(i, I64(QBLOCK)), I64(per_block)), I64(nr * j + r))
+                scale = splat(b, b.load(b.gep(ptab, [at], source_etype=F32), typ=F32, align=4), int8_lanes())
+                return int8_pairs_term(b, acc, w_values, x_values, scale)
 
-    return sig, codegen
+            ahead = builder.mul(K, I64(nr * TILES_AHEAD)) if prefetch else None
+            sums = tile_sums(builder, list(range(nr)), list(range(ng)), K, load=load_row, col_load=load_token, term=term, chunk=QBLOCK,
+                             acc_type=int8_acc_type(), prefetch_ahead=ahead, prefetch_rows=wrows)
+            store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None), sums, nr, ng)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(prefer_literal=True)(typer)
+
+
+int8_tile_dot = _int8_tile()  # prefill's sweep (rows in L1)
+streamed_int8_tile_dot = _int8_tile(prefetch=True)  # decode's batches (rows from memory)
 
 
 def row_dot(w, s, n, x, xo, xs):

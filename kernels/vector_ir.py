@@ -231,7 +231,8 @@ def fma_acc(builder, acc, a, b):
     return fma_vec(builder, a, b, acc)
 
 
-def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None, acc_type=VEC):
+def tile_accumulators(builder, rows, cols, n, load=load_f32, term=fma_acc, chunk=LANES, accs=1, col_load=None, prefetch_ahead=None, acc_type=VEC,
+                      prefetch_rows=None):
     """The R x G fixed-order dot products rows[c] . cols[j] over the full chunks of n, each in its
     own 16-lane accumulator, unreduced: a list, accumulator R j + c (R rows). With R x G = 4 x 4,
     8 loads feed 16 multiply-adds (AVX-512's 32 registers hold them); with AVX2's 16 half-width
@@ -241,17 +242,19 @@ float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dp
     lane by lane (a weight row's order, _weight_loop). Columns are read with col_load when the
     two sides differ (int8 rows, int16 tokens; their accumulators acc_type=int8_acc_type()). With prefetch_ahead (an i64 count of row
     elements), each step asks for the rows' data that far ahead (rows streamed from memory:
-    decode's batch tiles), into L2 only. A tile spends ~16 FMAs on each line it reads, so the
+    decode's batch tiles), into L2 only; from prefetch_rows, the rows' pointers, where rows are
+    not themselves pointers (int8's custom loads). A tile spends ~16 FMAs on each line it reads, so the
     prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
     miss buffers and the tiles streamed ~19 GB/s on two cores. Into L2, a decode step of 8
     sequences on the default model at float32 (then one 2 x 8 tile) went from ~39 to ~27 ms (three alternating rounds:
     42.0/38.9/37.7 -> 28.1/31.3/26.0); no prefetch at all took ~54 ms."""
     col_load = col_load or load
     R = len(rows)
+    prefetch_rows = rows if prefetch_rows is None else prefetch_rows
 
     def body(i, accs):
-        if prefetch_ahead is not None:  # a float32 chunk is one line, a bfloat16 chunk one too (32 x 2 bytes)
-            for p in rows:
+        if prefetch_ahead is not None:  # a float32 chunk is one line, a bfloat16 chunk too (32 x 2 bytes), an int8 block half of one
+            for p in prefetch_rows:
                 prefetch(builder, builder.gep(p, [builder.add(i, prefetch_ahead)], source_etype=p.type.pointee), INTO_L2)
         rv = [load(builder, p, i) for p in rows]
         out = []
