@@ -269,7 +269,7 @@ def _int8_tile(prefetch=False):
     """An intrinsic tile(out, t_out, c_out, w, s, n, xq, xs, t, table, R, G): int8 weight rows
     n..n+R-1 (scales s) against rows t..t+G-1 of xq, quantized per block with scales xs
     (quantize_blocks), over the full blocks: R x G sums, each equal to weight_dot_chunks of the
-    pair, stored as _dense_tile's. prefetch: as _dense_tile's (decode's batches of 4-7 rows).
+    pair, stored as _dense_tile's. prefetch: as _dense_tile's (decode's batches of 2-15 rows).
 
     The R x G scale products of a block (weight scale * token scale, as int8_block_term forms
     them) are made first into `table` (float32, R x G per block); the main loop then broadcasts
