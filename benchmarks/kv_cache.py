@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -76,7 +75,7 @@ class RoundedAttention:
             dtype = getattr(torch, kv)
             return module, query, key.to(dtype).float(), value.to(dtype).float(), mask
         hd = key.shape[-1]  # llama.cpp's K rows pair dimension i with i + hd/2 (its RoPE layout)
-        order = torch.stack([torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], 1).reshape(-1) if llama_way else torch.arange(hd)
+        order = torch.stack([torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], 1).reshape(-1)
         back = torch.argsort(order)
 
         def q8_0(x, reorder):
@@ -93,22 +92,14 @@ class RoundedAttention:
             return x[..., back] if reorder else x
 
         query = q8_0(query, True) if llama_way else query
-        return module, query, q8_0(key, True), q8_0(value, False), mask
+        return module, query, q8_0(key, llama_way), q8_0(value, False), mask
 
 
 def transformers_perplexity(model, rounding: RoundedAttention, scheme, ids, ctx: int, stride: int) -> float:
-    import torch
-
-    from minillm.compare import window_nll, windows
+    from minillm.compare import hf_window_scorer, perplexity
 
     rounding.scheme = scheme
-    total, count = 0.0, 0
-    for begin, end, n_targets in windows(len(ids), ctx, stride):
-        with torch.no_grad():
-            logits = model(torch.tensor([ids[begin:end]])).logits[0].float().numpy()
-        nll, n = window_nll(logits, ids[begin:end], n_targets)
-        total, count = total + nll, count + n
-    return math.exp(total / count)
+    return perplexity(hf_window_scorer(model), ids, ctx, stride)["perplexity"]
 
 
 def accuracy(args) -> dict:
