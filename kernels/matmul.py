@@ -90,9 +90,9 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full, table):
     """Rows n0..n1-1 of w against a few rows of x, the weights streamed from memory once for all
-    of them: register tiles over every row of x when it has enough (_batch_tiles), then long rows four at a time
-    (rows_dot4), shorter ones one at a time; each dot product inlined and summed in row_dot's
-    order (the chunks, then the tail in sequence)."""
+    of them: register tiles over every row of x when it has enough (_batch_tiles), then long
+    rows four at a time (rows_dot4), shorter ones one at a time; each dot product inlined and
+    summed in row_dot's order (the chunks, then the tail in sequence)."""
     K = w.shape[1]
     n = _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full, table)
     if K >= long_row(w):
@@ -117,8 +117,8 @@ I8_ROWS, I8_TOKENS = tile_shape(int8=True)
 
 def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full, table):
     """Rows n0.. against a tile's rows of x or more in register tiles (prepared_shape: 4 x 4 with
-    AVX-512, 2 x 3 with AVX2; int8's 4 x 4 everywhere), a tile's rows of x at a time: each chunk of the
-    weight rows is loaded once into registers for them, the rows prefetched into L2 as they
+    AVX-512, 2 x 3 with AVX2; int8's 4 x 4 everywhere), a tile's rows of x at a time: each chunk
+    of the weight rows is loaded once into registers for them, the rows prefetched into L2 as they
     stream from memory (default model float32, 8 sequences: 2.7x one sequence's tokens/s with
     row dots, 4.5x with 4 x 4 tiles). The next rows of x find the weights in L1, and the last
     rows a tile leaves go in one narrower tile (_last_tile). The same sums as every other path,
@@ -129,7 +129,7 @@ def _batch_tiles(out, col, w, s, n0, n1, x, xc, xs, full, table):
 
 @overload(_batch_tiles, jit_options={"fastmath": EXACT_MATH})
 def _batch_tiles_by_precision(out, col, w, s, n0, n1, x, xc, xs, full, table):
-    TR, TT = (I8_ROWS, I8_TOKENS) if w.dtype == types.int8 else (TILE_ROWS, TILE_TOKENS)
+    TR, TT = _tile_of(w)  # compile-time constants: streamed_tile takes TT as a literal
     # int8 tiles from 2 rows of x (default model, a step of 2 or 3 sequences 0.73-0.83x the time of
     # row products); float32 and bfloat16 from a tile's, as before (narrower tiles: level to 1.2x)
     least = 2 if w.dtype == types.int8 else TT
@@ -224,8 +224,13 @@ def prepared_shape(w):
 
 @overload(prepared_shape)
 def _prepared_shape(w):
-    shape = (I8_ROWS, I8_TOKENS) if w.dtype == types.int8 else (TILE_ROWS, TILE_TOKENS)
+    shape = _tile_of(w)
     return lambda w: shape
+
+
+def _tile_of(w):
+    """(weight rows, rows of x) of a register tile for w's Numba type (while typing)."""
+    return (I8_ROWS, I8_TOKENS) if w.dtype == types.int8 else (TILE_ROWS, TILE_TOKENS)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)

@@ -243,8 +243,8 @@ float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dp
     two sides differ (int8 rows, int16 tokens; their accumulators acc_type=int8_acc_type()). With prefetch_ahead (an i64 count of row
     elements), each step asks for the rows' data that far ahead (rows streamed from memory:
     decode's batch tiles), into L2 only; from prefetch_rows, the rows' pointers, where rows are
-    not themselves pointers (int8's custom loads). A tile spends ~16 FMAs on each line it reads, so the
-    prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
+    not themselves pointers (int8's custom loads). A tile spends ~16 FMAs on each line it reads, so
+    the prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
     miss buffers and the tiles streamed ~19 GB/s on two cores. Into L2, a decode step of 8
     sequences on the default model at float32 (then one 2 x 8 tile) went from ~39 to ~27 ms (three alternating rounds:
     42.0/38.9/37.7 -> 28.1/31.3/26.0); no prefetch at all took ~54 ms."""
