@@ -169,11 +169,12 @@ def test_lookup_stops_proposing_what_is_refused_but_probes():
 
 def test_row_cost_is_fitted_from_steps_of_different_rows():
     cost = RowCost()
-    assert cost.of(1) == RowCost.PRIOR
+    assert cost.of(1) == RowCost.PRIOR and cost.plain_seconds(1) is None
     for i in range(200):
         rows = 1 + i % 5
         cost.record(rows, 0.004 + 0.001 * rows)  # a base of 4 ms, 1 ms a row
     assert cost.of(1) == pytest.approx(0.001 / 0.005) and cost.of(2) == pytest.approx(0.001 / 0.006)
+    assert cost.plain_seconds(1) == pytest.approx(0.005) and cost.plain_seconds(3) == pytest.approx(0.007)
 
 
 COPY = ("Here is a sentence: the quick brown fox jumps over the lazy dog near the river bank at dawn.\n"
@@ -298,3 +299,27 @@ def test_draft_length_follows_acceptance_and_cost():
     assert length.rate < 0.05
     proposals = [length.next(room=100, cost=0.3) for _ in range(PROBE_STEPS)]
     assert proposals == [0] * (PROBE_STEPS - 1) + [1]  # none, but a probe now and then
+    assert DraftLength(most=8).next(room=100, cost=0.3) < 8  # the prior: a guess kept 4 times in 5
+    assert DraftLength(most=8, rate=1.0).next(room=100, cost=0.3) == 8  # a prior the engine learned
+
+
+def test_a_new_sequence_starts_from_the_drafts_learned_rate(model, draft, monkeypatch):
+    """The draft's kept rate is learned over every sequence the engine checks, so the next one
+    starts from it rather than from the prior (a short reply would otherwise end before its
+    proposals grew), and a draft token is weighed against a plain step, whatever the checks cost."""
+    from minillm.core import engine as engine_module
+    from minillm.core.speculative import DraftLength, DraftState
+
+    priors = []
+    monkeypatch.setattr(engine_module, "DraftState", lambda cache, most, rate: priors.append(rate) or DraftState(cache, most, rate))
+    engine = speculating("draft", model, draft, max_batch=1, spec_tokens=8)
+    learned = []
+    for seed in (7, 8):
+        run(engine, repetitive(np.random.default_rng(seed), 60), 40, SamplingParams(temperature=0))
+        learned.append(engine._draft_rate)
+    assert engine.stats.spec_draft_tokens > 0
+    assert priors == [DraftLength.PRIOR_RATE, learned[0]] and learned[0] != DraftLength.PRIOR_RATE
+    engine._row_cost, engine._draft_seconds, engine._decode_seconds = RowCost(), 0.002, 0.009  # the engine is idle
+    for i in range(100):  # a 4 ms step of one row, 1 ms a checked row
+        engine._row_cost.record(1 + i % 5, 0.003 + 0.001 * (1 + i % 5))
+    assert engine._draft_cost(1) == pytest.approx(0.001 / 0.004 + 0.002 / 0.004)

@@ -32,7 +32,7 @@ from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, default_budget_mb
 from .sampling import SamplingParams, apply_logit_bias, sample
-from .speculative import DraftState, PromptLookup, RowCost
+from .speculative import DraftLength, DraftState, PromptLookup, RowCost, learned_rate
 from .structured import Constraint
 
 if TYPE_CHECKING:  # asyncio and its ssl cost ~7 MB; only the server's handles use it
@@ -50,7 +50,7 @@ class ShutdownError(GenerationError):
 PREFILL_SHARE = 1.0  # a step with prompt rows may cost this much more than its decode rows alone
 MIN_PREFILL_ROWS = 16  # but reads at least this many prompt rows (a prompt always progresses)
 TIMING_WEIGHT = 0.25  # of the newest step in the running estimates of step costs
-DRAFT_COST_PRIOR = 0.4  # a draft step's time over a step's, until measured
+DRAFT_COST_PRIOR = 0.4  # what a proposed token adds over a plain step, until measured
 
 
 def check_prompt(ids: Sequence[int], vocab_size: int, ctx: int, max_tokens: int | None = None) -> None:
@@ -258,7 +258,8 @@ class Engine:
         self._decode_seconds: float | None = None  # running estimates of a step's costs
         self._row_seconds: float | None = None
         self._draft_seconds: float | None = None  # and of a draft step's
-        self._row_cost = RowCost()  # and of a checked row, which prompt lookup weighs
+        self._row_cost = RowCost()  # and of a checked row, which speculation weighs
+        self._draft_rate = DraftLength.PRIOR_RATE  # the draft's kept rate over all sequences: a new one's prior
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
@@ -410,7 +411,8 @@ class Engine:
                 seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram)
             elif self.draft is not None:
                 pool = self.draft_pool
-                seq.drafter = DraftState(KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot], pool.format), self.spec_tokens)
+                cache = KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot], pool.format)
+                seq.drafter = DraftState(cache, self.spec_tokens, self._draft_rate)
             self._running.append(seq)
         except MiniLLMError as e:
             self._fail(seq, e)
@@ -525,9 +527,7 @@ class Engine:
         proposal length: a first draft step reads what the draft has not seen of each sequence
         (its accepted tokens since the last proposal, and seq.last), then one row per sequence and
         step, batched like the model's own steps."""
-        cost = DRAFT_COST_PRIOR
-        if self._draft_seconds is not None and self._decode_seconds:
-            cost = self._draft_seconds / self._decode_seconds
+        cost = self._draft_cost(len(decoding))
         wanted = [s.drafter.proposals.next(self._room(s), cost) if s.drafter is not None else 0 for s in decoding]
         drafts: list[list[int]] = [[] for _ in decoding]
         active = [i for i, k in enumerate(wanted) if k > 0]
@@ -557,6 +557,15 @@ class Engine:
                 drafts[i].append(int(np.argmax(apply_logit_bias(row, decoding[i].request.params.logit_bias))))
         self.stats.spec_draft_tokens += sum(map(len, drafts))
         return drafts
+
+    def _draft_cost(self, sequences: int) -> float:
+        """What a proposed token adds to a step, as a fraction of a plain step (one row per
+        sequence): a draft step and a checked row. Against the plain step, not the average check:
+        cheaper checks must not make drafting look dearer (they did, and shortened proposals)."""
+        if self._draft_seconds is None or not self._decode_seconds:
+            return DRAFT_COST_PRIOR
+        plain = self._row_cost.plain_seconds(sequences) or self._decode_seconds  # before the fit: the average check
+        return self._row_cost.of(sequences) + self._draft_seconds / plain
 
     def _draft_read(self, sequences: list[_Sequence]) -> None:
         """The draft model reads the prompt rows the model just read (and any the prefix cache
@@ -589,6 +598,8 @@ class Engine:
         if seq.proposals is not None:
             seq.proposals.update(len(draft), accepted)
             self.stats.spec_accepted_tokens += accepted
+            if seq.drafter is not None and draft:
+                self._draft_rate = learned_rate(self._draft_rate, len(draft), accepted)
         if seq.drafter is not None:  # the draft read seq.last and the draft but its last: keep what was accepted
             seq.drafter.synced = min(seq.drafter.synced, start + accepted + 1)
         return True

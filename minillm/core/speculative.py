@@ -52,7 +52,7 @@ def best_length(rate: float, cost: float, most: int) -> int:
     return best_k
 
 
-def _learn(rate: float, proposed: int, accepted: int) -> float:
+def learned_rate(rate: float, proposed: int, accepted: int) -> float:
     """A kept-token rate moved toward what a proposal showed (its kept tokens and the first
     refused one), by more the more tokens it checked."""
     trials = accepted + (accepted < proposed)
@@ -62,18 +62,20 @@ def _learn(rate: float, proposed: int, accepted: int) -> float:
 class DraftLength:
     """How many tokens a draft model proposes: the length that gives the most tokens per unit of
     time, from the sequence's acceptance rate and the draft's measured cost. With per-token
-    acceptance a, k proposals emit 1 + a + ... + a^k tokens for a step plus k draft steps; when no
-    k beats plain decoding, none (but one every PROBE_STEPS steps, to keep measuring a)."""
+    acceptance a, k proposals emit 1 + a + ... + a^k tokens for a plain step plus k draft steps
+    and k checked rows; when no k beats plain decoding, none (but one every PROBE_STEPS steps, to
+    keep measuring a). A sequence's rate starts from what the engine learned over those before it."""
 
-    PRIOR_RATE = 0.8
+    PRIOR_RATE = 0.8  # until the engine has seen the draft's proposals checked
 
-    def __init__(self, most: int):
+    def __init__(self, most: int, rate: float = PRIOR_RATE):
         self.most = most
-        self.rate = self.PRIOR_RATE
+        self.rate = rate
         self._idle = 0
 
     def next(self, room: int, cost: float) -> int:
-        """cost: a draft step's time over a step's."""
+        """cost: what a proposed token adds (a draft step and its checked row), as a fraction of
+        a plain step's time."""
         best_k = best_length(self.rate, cost, min(self.most, room))
         if best_k == 0 and room > 0:
             self._idle += 1
@@ -85,7 +87,7 @@ class DraftLength:
     def update(self, proposed: int, accepted: int) -> None:
         if not proposed:
             return
-        self.rate = _learn(self.rate, proposed, accepted)
+        self.rate = learned_rate(self.rate, proposed, accepted)
 
 
 class RowCost:
@@ -122,14 +124,20 @@ class RowCost:
         plain = self._base + self._per_row * sequences
         return min(1.0, self._per_row / plain) if plain > 0 else 1.0
 
+    def plain_seconds(self, sequences: int) -> float | None:
+        """The fitted time of a step of one row per sequence; None until fitted."""
+        if self._per_row is None or self._base + self._per_row * sequences <= 0:
+            return None
+        return self._base + self._per_row * sequences
+
 
 class DraftState:
     """A sequence's draft-model side: its KV cache (the same slot in the draft's pool) and how many
     of the sequence's tokens it holds."""
 
-    def __init__(self, cache, most: int):
+    def __init__(self, cache, most: int, rate: float = DraftLength.PRIOR_RATE):
         self.cache, self.synced = cache, 0
-        self.proposals = DraftLength(most)
+        self.proposals = DraftLength(most, rate)
 
 
 class PromptLookup:
@@ -210,6 +218,6 @@ class PromptLookup:
         if not proposed or self._pending is None:
             return
         end, kind = self._pending
-        self._rates[kind] = _learn(self._rate(kind), proposed, accepted)
+        self._rates[kind] = learned_rate(self._rate(kind), proposed, accepted)
         self._copy_point = end + accepted + (accepted < proposed)
         self._pending = None
