@@ -1,13 +1,13 @@
 """Speculative decoding by prompt lookup against plain decoding, on input-grounded and open-ended tasks.
 
     python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160] [--modes ngram draft]
-                                     [--draft-dtype int8]
+                                     [--draft-dtype int8 [q4_0 ...]]
 
 Each task is a chat to the model whose reply, greedy, either repeats its input (copying a
 paragraph, renaming a variable in code, correcting a few words, quoting a document to answer) or
 does not (open-ended continuation). Each round runs every task through engines over the same
 weights, plain and each of --modes (`ngram`: prompt lookup; `draft`: the same model at
---draft-dtype proposing), in an order that rotates; decode tokens/s is timed from the first token
+each --draft-dtype proposing), in an order that rotates; decode tokens/s is timed from the first token
 to the last. Reported per task: medians over rounds, the ratio, the share of
 proposed tokens accepted, whether the texts were identical (they must be), and lookup's ceiling:
 plain decoding's text replayed through prompt lookup with rows that cost nothing (it proposes
@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--modes", nargs="+", default=["ngram"], choices=["ngram", "draft"])
-    ap.add_argument("--draft-dtype", default="int8")
+    ap.add_argument("--draft-dtype", nargs="+", default=["int8"], help="one draft column per precision")
     args = ap.parse_args()
     llm = minillm.load(args.model, dtype=args.dtype, ctx=2048, cache_mb=0)
     engine_eos = llm.eos_ids
@@ -137,8 +137,10 @@ def main() -> None:
     if "ngram" in args.modes:
         engines["ngram"] = Engine(llm.model, base.replace(speculative="ngram", spec_tokens=args.spec_tokens))
     if "draft" in args.modes:
-        draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=args.draft_dtype)
-        engines["draft"] = Engine(llm.model, base.replace(speculative="draft", spec_tokens=args.spec_tokens), draft=draft)
+        for dtype in args.draft_dtype:
+            draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=dtype)
+            name = "draft" if len(args.draft_dtype) == 1 else dtype
+            engines[name] = Engine(llm.model, base.replace(speculative="draft", spec_tokens=args.spec_tokens), draft=draft)
     prompts = {name: llm.tokenizer.encode_chat([{"role": "user", "content": text}]) for name, text in TASKS.items()}
     rates = {name: {mode: [] for mode in engines} for name in TASKS}
     counts = {name: {mode: [0, 0] for mode in engines} for name in TASKS}
@@ -160,7 +162,7 @@ def main() -> None:
             plain_texts[name] = outs["plain"]  # greedy: the same every round
     ceilings = {name: lookup_ceiling(prompts[name], text, args.spec_tokens) for name, text in plain_texts.items()}
     print(f"{args.rounds} rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token"
-          + (f"; draft: the model at {args.draft_dtype}" if "draft" in engines else ""))
+          + (f"; draft: the model at {', '.join(args.draft_dtype)}" if "draft" in args.modes else ""))
     header = f"{'task':18} {'tokens':>6} {'plain':>7}" + "".join(f" {m:>7} {'ratio':>6} {'kept':>5}" for m in modes[1:])
     print(header + "  text       ceiling")
     for name in TASKS:
