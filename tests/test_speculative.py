@@ -14,7 +14,7 @@ from hf_tiny import VOCAB, make_checkpoint
 from minillm.core.engine import Engine
 from minillm.core.model import Model
 from minillm.core.sampling import SamplingParams
-from minillm.core.speculative import PROBE_STEPS, PromptLookup, RowCost, best_length
+from minillm.core.speculative import PROBE_STEPS, DraftLength, DraftState, PromptLookup, RowCost, best_length
 from minillm.options import Options
 
 
@@ -288,8 +288,6 @@ def test_a_draft_no_cheaper_than_the_model_is_refused(checkpoint):
 
 
 def test_draft_length_follows_acceptance_and_cost():
-    from minillm.core.speculative import DraftLength
-
     length = DraftLength(most=8)
     for _ in range(10):
         length.update(8, 8)  # every proposal taken
@@ -308,7 +306,6 @@ def test_a_new_sequence_starts_from_the_drafts_learned_rate(model, draft, monkey
     starts from it rather than from the prior (a short reply would otherwise end before its
     proposals grew), and a draft token is weighed against a plain step, whatever the checks cost."""
     from minillm.core import engine as engine_module
-    from minillm.core.speculative import DraftLength, DraftState
 
     priors = []
     monkeypatch.setattr(engine_module, "DraftState", lambda cache, most, rate: priors.append(rate) or DraftState(cache, most, rate))
@@ -320,6 +317,7 @@ def test_a_new_sequence_starts_from_the_drafts_learned_rate(model, draft, monkey
     assert engine.stats.spec_draft_tokens > 0
     assert priors == [DraftLength.PRIOR_RATE, learned[0]] and learned[0] != DraftLength.PRIOR_RATE
     engine._row_cost, engine._draft_seconds, engine._decode_seconds = RowCost(), 0.002, 0.009  # the engine is idle
+    assert engine._draft_cost(1) == pytest.approx(RowCost.PRIOR + 0.002 / 0.009)  # unfitted: the average step
     for i in range(100):  # a 4 ms step of one row, 1 ms a checked row
         engine._row_cost.record(1 + i % 5, 0.003 + 0.001 * (1 + i % 5))
     assert engine._draft_cost(1) == pytest.approx(0.001 / 0.004 + 0.002 / 0.004)
