@@ -11,7 +11,8 @@ each --draft-dtype proposing), in an order that rotates; decode tokens/s is time
 to the last. Reported per task: medians over rounds, the ratio, the share of
 proposed tokens accepted, whether the texts were identical (they must be), and lookup's ceiling:
 plain decoding's text replayed through prompt lookup with rows that cost nothing (it proposes
---spec-tokens every step), tokens per step, which no row cost can beat.
+--spec-tokens every step), tokens per step, which no row cost can beat; with --oracle-row-cost C,
+what lookup would reach were it to propose exactly what will be kept, each row costing C of a step.
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -101,13 +102,14 @@ def decode_rate(engine: Engine, prompt: list[int], tokens: int):
     return (len(out) - 1) / (times[-1] - times[0]) if len(out) > 1 else float("nan"), out
 
 
-def lookup_ceiling(prompt: list[int], out: list[int], most: int) -> float:
+def lookup_ceiling(prompt: list[int], out: list[int], most: int, row_cost: float = 0.0) -> float:
     """Tokens per step were checked rows free: plain decoding's text `out` replayed through
     PromptLookup at row cost 0 (then it always proposes `most`), the first token from the prompt's
-    step not counted."""
+    step not counted. With row_cost c > 0: the speed-up over plain decoding of an oracle that
+    proposes exactly the tokens of those matches that will be kept, each row costing c of a step."""
     lookup = PromptLookup(prompt, most, DEFAULT_SPEC_NGRAM)
     lookup.extend(out[:1])
-    i, steps = 1, 0
+    i, steps, rows = 1, 0, 0
     while i < len(out):
         draft = lookup.propose(len(out) - i - 1, 0.0)
         kept = 0
@@ -115,8 +117,8 @@ def lookup_ceiling(prompt: list[int], out: list[int], most: int) -> float:
             kept += 1
         lookup.extend(out[i : i + kept + 1])
         lookup.update(len(draft), kept)
-        i, steps = i + kept + 1, steps + 1
-    return (len(out) - 1) / steps if steps else float("nan")
+        i, steps, rows = i + kept + 1, steps + 1, rows + kept
+    return (len(out) - 1) / (steps + row_cost * rows) if steps else float("nan")
 
 
 def main() -> None:
@@ -129,6 +131,8 @@ def main() -> None:
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--modes", nargs="+", default=["ngram"], choices=["ngram", "draft"])
     ap.add_argument("--draft-dtype", nargs="+", default=["int8"], help="one draft column per precision")
+    ap.add_argument("--oracle-row-cost", type=float, metavar="C",
+                    help="also print lookup's best at a checked row's cost C (a fraction of a step): an oracle column")
     args = ap.parse_args()
     llm = minillm.load(args.model, dtype=args.dtype, ctx=2048, cache_mb=0)
     engine_eos = llm.eos_ids
@@ -161,10 +165,12 @@ def main() -> None:
             same[name] &= all(out == outs["plain"] for out in outs.values())
             plain_texts[name] = outs["plain"]  # greedy: the same every round
     ceilings = {name: lookup_ceiling(prompts[name], text, args.spec_tokens) for name, text in plain_texts.items()}
+    c = args.oracle_row_cost
+    oracles = {name: lookup_ceiling(prompts[name], text, args.spec_tokens, c) for name, text in plain_texts.items()} if c else {}
     print(f"{args.rounds} rounds, greedy, up to {args.tokens} tokens, medians of decode tok/s from the first token"
           + (f"; draft: the model at {', '.join(args.draft_dtype)}" if "draft" in args.modes else ""))
     header = f"{'task':18} {'tokens':>6} {'plain':>7}" + "".join(f" {m:>7} {'ratio':>6} {'kept':>5}" for m in modes[1:])
-    print(header + "  text       ceiling")
+    print(header + "  text       ceiling" + (f"  oracle@{c}" if oracles else ""))
     for name in TASKS:
         plain = statistics.median(rates[name]["plain"])
         line = f"{name:18} {len(plain_texts[name]):6d} {plain:7.1f}"
@@ -172,7 +178,8 @@ def main() -> None:
             rate = statistics.median(rates[name][mode])
             proposed, kept = counts[name][mode]
             line += f" {rate:7.1f} {rate / plain:6.2f} {(f'{kept / proposed:.0%}' if proposed else '-'):>5}"
-        print(line + f"  {'identical' if same[name] else 'DIFFERS':9}  {ceilings[name]:7.2f}")
+        oracle = f"  {oracles[name]:9.2f}" if oracles else ""
+        print(line + f"  {'identical' if same[name] else 'DIFFERS':9}  {ceilings[name]:7.2f}" + oracle)
 
 
 engine_eos: tuple = ()
