@@ -1,12 +1,12 @@
 """Linear layers, y = x @ W.T with W in HF's (out, in) layout: a dot product per output row, for
 every weight format (kernels.formats), choosing register tiles by how many rows x has.
 
-One task is 16 output rows against every row of x. Below PANEL_TOKENS rows of x (decode, and
-batched decode) the weights stream from memory once for all of them: row products, 4 x 4 tiles
-from four rows of x (int8's last rows in a narrower one), block tiles that unpack each block once
-for every row of x. From PANEL_TOKENS rows on (prefill) each task works in halves of 8 weight rows
-that stay in L1 while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a
-float32 panel. Every output equals row_dot of its weight row and activation row to the last bit,
+One task is 16 output rows against every row of x. With few rows of x (decode, batched decode,
+short prompts: below SWEEP_FROM's rows for float32, bfloat16 and int8, PANEL_TOKENS for GGUF
+blocks) the weights stream from memory once for all of them: row products, 4 x 4 tiles from four
+rows of x (the last rows in a narrower one), block tiles that unpack each block once for every
+row of x. From there on (prefill) each task works in halves of 8 weight rows that stay in L1
+while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a float32 panel. Every output equals row_dot of its weight row and activation row to the last bit,
 whichever tile made it, so decode, batched decode and prefill agree bit for bit.
 
 `make_linear(fmt)` and `make_row(fmt)` compile one format's kernels (kernels.formats);
@@ -41,7 +41,16 @@ from .work_sharing import claim, start_claims
 
 ROWS_PER_TASK = 16  # a grouped layout's 16 rows; two halves of 8 in prefill
 HALF_TASK = 8  # prefill's weight rows at a time: with 4 rows of x they stay in L1 at K = 576 (16 measured 5-10% slower)
-PANEL_TOKENS = 16  # from this many rows of x on, prefill's tiles (and GGUF blocks unpacked into a panel once)
+PANEL_TOKENS = 16  # from this many rows of x on, GGUF blocks are unpacked into a panel once and swept
+# From this many rows of x on, float32, bfloat16 and int8 weights are swept by prefill's tiles
+# rather than streamed once for every row of x. A sweep's weight rows come from memory unprefetched,
+# so it pays only once enough rows of x share them: from 16, as before, a batched step of 16
+# sequences took 1.5x one of 15. Default model, batched decode steps (benchmarks/batch_steps.py,
+# trees alternating, 2026-11-27), streamed over swept: float32 16 rows 0.66-0.73x the time, 24
+# 0.77-0.82x, 32 0.70-0.78x, 48 0.77-0.79x (and still 0.85-0.93x at 64-127, but on the 1.2B shape
+# level at 32 and 64, and its prefill of 256 rows 0.83x as fast streamed); bfloat16 16 rows
+# 0.79-0.82x, 24-32 0.86-0.97x, 48 level; int8 16 rows 0.88-0.90x, 24-32 0.93-0.99x, 48 1.02-1.06x.
+SWEEP_FROM = {"float32": 64, "bfloat16": 48, "int8": 32}
 
 # From this row length on, float32 weight rows are streamed four at a time in decode. One row's
 # sum is one chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order
@@ -54,6 +63,17 @@ PANEL_TOKENS = 16  # from this many rows of x on, prefill's tiles (and GGUF bloc
 # up with memory.
 LONG_ROW = 4096
 NEVER = 1 << 62
+
+
+def sweep_from(w):
+    """The rows of x from which weights of w's precision are swept (SWEEP_FROM)."""
+    raise NotImplementedError
+
+
+@overload(sweep_from)
+def _sweep_from(w):
+    rows = SWEEP_FROM["int8" if w.dtype == types.int8 else "bfloat16" if w.dtype == types.uint16 else "float32"]
+    return lambda w: rows
 
 
 def long_row(w):
@@ -80,7 +100,7 @@ def dense_task(out, col, w, s, task, x, xo, xs, scratch):
     full = chunked_len(w, K)
     xc = chunk_operand(w, x, xo)
     table = scratch[: I8_ROWS * I8_TOKENS * (K // 32)]  # int8 tiles' scale products (only they read it)
-    if x.shape[0] < PANEL_TOKENS:
+    if x.shape[0] < sweep_from(w):
         _streamed_rows(out, col, w, s, n0, n1, x, xc, xs, full, table)
     else:
         for r0 in range(n0, n1, HALF_TASK):
