@@ -121,14 +121,15 @@ class RowCost:
         """A checked row's time over that of a step of one row per sequence."""
         if self._per_row is None:
             return self.PRIOR
-        plain = self._base + self._per_row * sequences
-        return min(1.0, self._per_row / plain) if plain > 0 else 1.0
+        plain = self.plain_seconds(sequences)
+        return min(1.0, self._per_row / plain) if plain else 1.0
 
     def plain_seconds(self, sequences: int) -> float | None:
-        """The fitted time of a step of one row per sequence; None until fitted."""
-        if self._per_row is None or self._base + self._per_row * sequences <= 0:
+        """The fitted time of a step of one row per sequence; None until fitted (or not positive)."""
+        if self._per_row is None:
             return None
-        return self._base + self._per_row * sequences
+        plain = self._base + self._per_row * sequences
+        return plain if plain > 0 else None
 
 
 class DraftState:
