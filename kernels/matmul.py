@@ -6,8 +6,9 @@ short prompts: below SWEEP_FROM's rows for float32, bfloat16 and int8, PANEL_TOK
 blocks) the weights stream from memory once for all of them: row products, 4 x 4 tiles from four
 rows of x (the last rows in a narrower one), block tiles that unpack each block once for every
 row of x. From there on (prefill) each task works in halves of 8 weight rows that stay in L1
-while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a float32 panel. Every output equals row_dot of its weight row and activation row to the last bit,
-whichever tile made it, so decode, batched decode and prefill agree bit for bit.
+while 4 x 4 tiles sweep every row of x; GGUF blocks are first unpacked into a float32 panel.
+Every output equals row_dot of its weight row and activation row to the last bit, whichever tile
+made it, so decode, batched decode and prefill agree bit for bit.
 
 `make_linear(fmt)` and `make_row(fmt)` compile one format's kernels (kernels.formats);
 `matmul` runs one on a whole matrix (tests, load-time checks).
