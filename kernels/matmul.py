@@ -257,8 +257,8 @@ def _tile_of(w):
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
     """out[t, col + r] = row r of w . x[t] for rows r0 <= r < r1 and every row of x: register tiles
-    of rows of x by weight rows (prepared_shape), then the rows left over, a
-    row_dot each."""
+    of rows of x by weight rows (prepared_shape), the last rows of x (fewer than a tile's) in one
+    narrower tile per weight rows (_last_tile), then the weight rows left over, a row_dot each."""
     T = x.shape[0]
     TR, TT = prepared_shape(w)
     t = 0
@@ -273,9 +273,18 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
             for tt in range(t, t + TT):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
         t += TT
-    for tt in range(t, T):  # the last rows of x
-        for r in range(r0, r1):
-            out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
+    if t < T:  # the last rows of x: as a row_dot each, one chain of FMAs per sum waiting on the
+        # last, 3 rows of x cost what 8 tiled ones do (the shipped Q4_1 file: a step of 15 rows
+        # swept took 1.4x one of 16)
+        r = r0
+        while r + TR <= r1:
+            _last_tile(out, t, col + r, w, s, r, xc, xs, table, T - t)
+            if full < x.shape[1]:
+                _add_tails(out, t, col + r, T - t, TR, w, s, r, x, full)
+            r += TR
+        for r in range(r, r1):
+            for tt in range(t, T):
+                out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)

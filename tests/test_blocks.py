@@ -51,12 +51,13 @@ def test_rows_dequantize_as_gguf_py_does(fmt):
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
 
 
-@pytest.mark.parametrize("T", [6, 7, 13, 37])
+@pytest.mark.parametrize("T", [6, 7, 11, 13, 14, 18, 19, 37])
 @pytest.mark.parametrize("fmt", FLOAT_ACTIVATIONS, ids=[f.name for f in FLOAT_ACTIVATIONS])
 def test_products_are_the_float32_paths_on_dequantized_rows(fmt, T):
     """Every tile shape (below 8 rows of x: 4 or 1 weight rows by 4, 3, 2 or 1 rows of x; from 8: 2 or 1
-    by 8, 4 or 1; odd counts of both), the dequantized panels of prefill (from PANEL_TOKENS rows
-    of x), one row of x and many give the float32 path's bits."""
+    by 8, 4, then 3, 2 or 1; odd counts of both), the dequantized panels of prefill (from
+    PANEL_TOKENS rows of x, the last 1-3 rows in a narrower tile), one row of x and many give the
+    float32 path's bits."""
     rows, cols = 11, 768
     w = blocks_of(fmt, rows, cols, seed=1)
     wf = gguf_dequantize(w, fmt, rows, cols)

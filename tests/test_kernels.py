@@ -86,10 +86,11 @@ def test_matvec(N, Kdim):
 
 
 @pytest.mark.parametrize("T,N,Kdim", [(2, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (2, 8, 64), (5, 20, 67), (6, 33, 160), (7, 9, 613),
-                                      (63, 20, 67), (66, 21, 67)])
+                                      (63, 20, 67), (65, 20, 67), (66, 21, 67), (67, 9, 613)])
 def test_matmul(T, N, Kdim):
     """Every tile shape decode's batches take (a tile's rows of x, then a narrower tile for the
-    rest) and prefill's sweep (from SWEEP_FROM rows) equals the matvec bit for bit."""
+    rest) and prefill's sweep (from SWEEP_FROM rows, its last rows of x in a narrower tile) equals
+    the matvec bit for bit."""
     x, w = rand(T, Kdim), rand(N, Kdim)
     out = np.empty((T, N), np.float32)
     K.matmul(out, x, w, F32)
@@ -157,7 +158,8 @@ def test_activation_blocks_quantize_as_the_reference_and_keep_nan():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("T,N,Kdim", [(1, 1, 1), (3, 17, 13), (9, 29, 53), (33, 131, 67), (6, 12, 128), (5, 21, 613), (19, 40, 613),
-                                      (4, 20, 96), (7, 37, 160), (31, 20, 96), (47, 21, 67), (50, 21, 67)])
+                                      (4, 20, 96), (7, 37, 160), (31, 20, 96), (47, 21, 67), (49, 20, 96), (50, 21, 67),
+                                      (51, 9, 613)])
 def test_low_precision_matmul_and_matvec(dtype, T, N, Kdim):
     """bfloat16 weights meet activations rounded to bfloat16, int8 weights activations quantized
     to int16 per block of 32; the matmul's every output equals the matvec (decode) dot product
