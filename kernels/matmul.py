@@ -273,9 +273,8 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
             for tt in range(t, t + TT):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
         t += TT
-    if t < T:  # the last rows of x: as a row_dot each, one chain of FMAs per sum waiting on the
-        # last, 3 rows of x cost what 8 tiled ones do (the shipped Q4_1 file: a step of 15 rows
-        # swept took 1.4x one of 16)
+    if t < T:  # the last rows of x: as a row_dot each (one chain of FMAs per sum, each waiting on
+        # the last) a step of 15 rows of the shipped Q4_1 file swept took 1.35x one of 16
         r = r0
         while r + TR <= r1:
             _last_tile(out, t, col + r, w, s, r, xc, xs, table, T - t)
