@@ -262,28 +262,22 @@ def sweep_rows(out, col, w, s, r0, r1, x, xo, xs, xc, table, full):
     T = x.shape[0]
     TR, TT = prepared_shape(w)
     t = 0
-    while t + TT <= T:
+    while t < T:
+        G = min(TT, T - t)
         r = r0
         while r + TR <= r1:
-            prepared_tile(out, t, col + r, w, s, r, xc, xs, t, table)
+            if G == TT:
+                prepared_tile(out, t, col + r, w, s, r, xc, xs, t, table)
+            else:  # the last rows of x: as a row_dot each (one chain of FMAs per sum, each waiting
+                # on the last) a step of 15 rows of the shipped Q4_1 file swept took 1.35x one of 16
+                _last_tile(out, t, col + r, w, s, r, xc, xs, table, G)
             if full < x.shape[1]:  # rows with no tail skip the call (int8 prefill of one matrix ~3% faster)
-                _add_tails(out, t, col + r, TT, TR, w, s, r, x, full)
+                _add_tails(out, t, col + r, G, TR, w, s, r, x, full)
             r += TR
         for r in range(r, r1):  # the last rows of a partial block
-            for tt in range(t, t + TT):
+            for tt in range(t, t + G):
                 out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
-        t += TT
-    if t < T:  # the last rows of x: as a row_dot each (one chain of FMAs per sum, each waiting on
-        # the last) a step of 15 rows of the shipped Q4_1 file swept took 1.35x one of 16
-        r = r0
-        while r + TR <= r1:
-            _last_tile(out, t, col + r, w, s, r, xc, xs, table, T - t)
-            if full < x.shape[1]:
-                _add_tails(out, t, col + r, T - t, TR, w, s, r, x, full)
-            r += TR
-        for r in range(r, r1):
-            for tt in range(t, T):
-                out[tt, col + r] = row_dot(w, s, r, x[tt], xo[tt], xs[tt])
+        t += G
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
