@@ -23,9 +23,11 @@ new one, and new requests go to the live ones meanwhile.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import threading
+import uuid
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -147,6 +149,7 @@ class RemoteEngine:
         return handle
 
     async def _relay(self, spec: dict, handle: RequestHandle) -> None:
+        _own_request_id()  # in this task's context only
         stream = self.handle.options(stream=True).generate.remote(spec)
         replica = None
         try:
@@ -232,6 +235,20 @@ class RemoteEngine:
         lines += ["# HELP minillm_replica_failures_total Streams ended because their replica failed",
                   "# TYPE minillm_replica_failures_total counter", f"minillm_replica_failures_total {self.replica_errors}"]
         return "\n".join(lines) + "\n"
+
+
+def _own_request_id() -> None:
+    """Give the engine call about to be made its own internal request id. Ray Serve passes the HTTP
+    request's id down to every call made while serving it, and its router matches a routed call
+    to its waiting request by that id: of n > 1 choices or several prompts (calls sharing one
+    id), all but the first waited forever. (Ray's private request context; without it, as before.)"""
+    try:
+        from ray.serve import context
+    except ImportError:
+        return
+    current = getattr(context, "_serve_request_context", None)
+    if current is not None and dataclasses.is_dataclass(current.get()):
+        current.set(dataclasses.replace(current.get(), _internal_request_id=uuid.uuid4().hex))
 
 
 def _remote_error(kind: str, message: str, param) -> MiniLLMError:

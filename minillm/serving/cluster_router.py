@@ -44,6 +44,9 @@ class PrefixAffinityRouter(RequestRouter):
         # for the ingress's /metrics: the spec is the caller's own dict (the router runs in its
         # process, with its own copy of this module, so module state would not be shared)
         pending_request.args[0]["preferred_replica"] = best
+        # when neither rank has a free slot, Ray waits before asking again; otherwise its routing
+        # loop asks again at once, forever, and starves the event loop that would free a slot
+        pending_request.routing_context.should_backoff = True
         return [[by_id[best]], [r for r in candidate_replicas if r.replica_id.unique_id != best]]
 
 
