@@ -129,6 +129,27 @@ def test_sixteen_concurrent_requests_of_every_kind_give_the_single_servers_text(
     assert len(re.findall(r"^minillm_router_requests_total\{", routed, re.M)) == 2  # both replicas served
 
 
+def test_several_prompts_and_choices_in_one_request_reach_the_replicas(client, reference):
+    """Several prompts (echo + logprobs: the prompt's logprobs as the single engine gives them) and
+    n choices in one request: each is its own call to the replicas, and each comes back."""
+    from minillm.core.sampling import SamplingParams
+
+    ids = reference.tokenizer.encode("The lighthouse keeper climbed the stairs")
+    result = client.completions.create(model="m", prompt=[ids, ids[:3]], max_tokens=0, echo=True, logprobs=2)
+    handle = reference.engine.submit(ids, SamplingParams(temperature=0.0), 0, prompt_logprobs=2)
+    assert list(handle) == []
+    lp = result.choices[0].logprobs
+    assert lp.token_logprobs == [None] + [e.logprob for e in handle.prompt_logprobs]
+    assert lp.top_logprobs[1:] == [{reference.tokenizer.decode([t], skip_special_tokens=False): v for t, v in e.top_logprobs}
+                                   for e in handle.prompt_logprobs]
+    assert result.choices[1].logprobs.token_logprobs == lp.token_logprobs[:3]
+    # n choices are calls made while serving one HTTP request: each must reach a replica
+    kwargs = dict(model="m", prompt="The lighthouse", max_tokens=4, temperature=0.9)
+    both = client.completions.create(n=3, seed=2, **kwargs)
+    assert [c.index for c in both.choices] == [0, 1, 2]
+    assert [c.text for c in both.choices] == [client.completions.create(seed=2 + i, **kwargs).choices[0].text for i in range(3)]
+
+
 def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(cluster, client):
     system = "You are a meticulous assistant for a lighthouse keeper. " * 40  # ~500 tokens
     before = _metrics(cluster)

@@ -70,6 +70,36 @@ def test_embeddings_go_through_the_steps(model):
     assert engine.stats.embeddings == 1 and engine.stats.prefill_steps >= 200 // 16
 
 
+def test_a_scored_prompt_gets_the_logprobs_generation_would(model):
+    """prompt_logprobs (completions' echo): read in chunks beside a decode, with the prefix cache
+    holding the prompt, every prompt token after the first gets the logprob and alternatives that
+    generating it at that position gives, bit for bit; max_tokens 0 scores only."""
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(0, VOCAB, size=40).tolist()
+    alone = Engine(model, Options(max_batch=1, cache_mb=0))
+    generated = alone.submit(prompt, GREEDY, 30, logprobs=3)
+    tokens = [(e.token, e.logprob, e.top_logprobs) for e in generated]
+    text = prompt + [t for t, _, _ in tokens]
+    engine = Engine(model, Options(max_batch=3, cache_mb=64, prefill_chunk=16))
+    list(engine.submit(text, GREEDY, 1))  # the prefix cache now holds it: a scored prompt is computed anyway
+    stream = engine.submit([1, 2, 3], GREEDY, 60)
+    scored = engine.submit(text, GREEDY, 0, prompt_logprobs=3)
+    assert list(scored) == [] and scored.finish_reason == "length"
+    got = [(e.token, e.logprob, e.top_logprobs) for e in scored.prompt_logprobs]
+    assert len(got) == len(text) - 1 and [t for t, _, _ in got] == text[1:]
+    assert got[len(prompt) - 1 :] == tokens
+    logits = model.forward(text, model.new_cache(), all_logits=True).astype(np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    expected = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    assert np.allclose([lp for _, lp, _ in got], expected[np.arange(len(text) - 1), text[1:]], rtol=0, atol=1e-9)
+    then = engine.submit(prompt, GREEDY, 5, logprobs=3, prompt_logprobs=0)
+    assert [(e.token, e.logprob, e.top_logprobs) for e in then] == tokens[:5]
+    assert [e.top_logprobs for e in then.prompt_logprobs] == [()] * (len(prompt) - 1)
+    list(stream)
+    with pytest.raises(Exception, match="max_tokens must be >= 1"):
+        engine.submit(prompt, GREEDY, 0)
+
+
 def test_cancelled_requests_leave_queued_or_running(model):
     engine = Engine(model, Options(max_batch=1, max_queue=4, cache_mb=0))
     running = engine.submit([1, 2, 3], GREEDY, 500)

@@ -67,7 +67,8 @@ def fuzzed(required: dict, optional: dict):
     return st.tuples(base, st.lists(st.tuples(st.sampled_from(names), junk), max_size=2)).map(mutate)
 
 
-completion = fuzzed({"prompt": st.one_of(text, token_ids), "max_tokens": st.integers(1, 3)},
+completion = fuzzed({"prompt": st.one_of(text, token_ids, st.lists(text, min_size=1, max_size=3), st.lists(token_ids, min_size=1, max_size=3)),
+                     "max_tokens": st.integers(0, 3)},
                     {**SAMPLING, "logprobs": st.integers(0, 5), "echo": st.booleans()})
 chat = fuzzed({"messages": st.lists(message, min_size=1, max_size=4), "max_tokens": st.integers(1, 3)},
               {**SAMPLING, "tools": st.sampled_from(TOOLSETS), "tool_choice": st.sampled_from(TOOL_CHOICES), "logprobs": st.booleans(),

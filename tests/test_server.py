@@ -437,6 +437,50 @@ def test_logit_bias_and_echo(client, llm):
     assert echoed.choices[0].text == "The capital of France is" + plain.choices[0].text
 
 
+def test_echo_with_logprobs_scores_the_prompt(server, client, llm):
+    """echo + logprobs (how lm-evaluation-harness scores a continuation): the prompt's tokens come
+    first, the first without a logprob, each later one with the logprob generation gives it there;
+    max_tokens 0 scores only; a list of token-id prompts gives choices prompt by prompt; streamed,
+    the first chunk carries the same."""
+    from minillm.core.sampling import SamplingParams
+
+    prompt = "The capital of France is"
+    ids = llm.tokenizer.encode(prompt)
+    greedy = client.completions.create(model="smollm2", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    continuation = [e.token for e in llm.engine.submit(ids, SamplingParams(temperature=0.0), 6)]
+    whole = ids + continuation
+    scored = client.completions.create(model="smollm2", prompt=whole, max_tokens=0, echo=True, logprobs=2)
+    choice, lp = scored.choices[0], scored.choices[0].logprobs
+    assert choice.finish_reason == "length" and scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == len(whole)
+    assert choice.text == llm.tokenizer.decode(whole) and len(lp.tokens) == len(whole)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[len(ids):] == greedy.choices[0].logprobs.token_logprobs
+    assert lp.top_logprobs[len(ids):] == greedy.choices[0].logprobs.top_logprobs
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+    cases = [(ids, continuation), (ids, llm.tokenizer.encode(" London is"))]
+    batch = client.completions.create(model="smollm2", prompt=[c + k for c, k in cases], max_tokens=1, echo=True, logprobs=1,
+                                      temperature=0, seed=1234)
+    assert [c.index for c in batch.choices] == [0, 1] and batch.usage.prompt_tokens == sum(len(c + k) for c, k in cases)
+    results = []
+    for (context, following), c in zip(cases, batch.choices):  # as lm-evaluation-harness reads them
+        logprobs, tops = c.logprobs.token_logprobs[len(context) : -1], c.logprobs.top_logprobs[len(context) : -1]
+        assert len(logprobs) == len(following)
+        results.append((sum(logprobs), all(lp == max(top.values()) for lp, top in zip(logprobs, tops))))
+    assert results[0][1] and not results[1][1] and results[0][0] > results[1][0]
+
+    kwargs = dict(model="smollm2", prompt=prompt, max_tokens=3, temperature=0)
+    chunks = list(client.completions.create(echo=True, logprobs=2, stream=True, **kwargs))
+    first = chunks[0].choices[0]
+    assert first.text == prompt and first.logprobs.token_logprobs == lp.token_logprobs[: len(ids)]
+    assert "".join(c.choices[0].text for c in chunks) == prompt + client.completions.create(**kwargs).choices[0].text
+    two = client.completions.create(model="smollm2", prompt=["One", "Two"], max_tokens=2, n=2, seed=5)
+    assert [c.index for c in two.choices] == [0, 1, 2, 3]
+    for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"prompt": ["x"] * 65, "max_tokens": 1}, "prompt")):
+        response = httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
 def test_tokenize_detokenize_round_trip(server):
     import random
 
@@ -446,9 +490,16 @@ def test_tokenize_detokenize_round_trip(server):
     for _ in range(100):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
         tokens = httpx.post(server + "/tokenize", json={"content": text}, headers=headers).json()["tokens"]
-        assert httpx.post(server + "/detokenize", json={"tokens": tokens}, headers=headers).json() == {"content": text}
+        assert httpx.post(server + "/detokenize", json={"tokens": tokens}, headers=headers).json() == {"content": text, "prompt": text}
     pieces = httpx.post(server + "/tokenize", json={"content": "Hello world", "with_pieces": True}, headers=headers).json()
     assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello world"
+    # vLLM's shapes, which lm-evaluation-harness's remote tokenizer uses
+    vllm = httpx.post(server + "/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}, headers=headers).json()
+    assert vllm["tokens"] == [p["id"] for p in pieces["tokens"]] and vllm["count"] == len(vllm["tokens"])
+    info = httpx.get(server + "/tokenizer_info", headers=headers).json()
+    assert info["eos_token"] and info["chat_template"] and info["model_max_length"] == 1024
+    both = httpx.post(server + "/tokenize", json={"prompt": "a", "content": "b"}, headers=headers)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "content"
 
 
 def test_embeddings_of_a_batch_equal_each_alone(client):

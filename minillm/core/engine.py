@@ -104,6 +104,7 @@ class RequestHandle:
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0  # of them, served from the prefix cache (set before the first event)
+        self.prompt_logprobs: list[TokenEvent] | None = None  # submit's prompt_logprobs (set before the first event)
         self.generated = 0
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
@@ -173,6 +174,7 @@ class _Request:
     handle: RequestHandle
     constraint: Constraint | None = None  # structured output: the grammar the text must follow
     embedding: bool = False  # the mean of the final norm's output over the prompt, not generation
+    prompt_logprobs: int | None = None  # score the prompt too: alternatives per prompt token
 
 
 @dataclass
@@ -185,6 +187,7 @@ class _Sequence:
     last: int = 0
     read: int = 0  # prompt tokens in the cache (the prefix cache's among them)
     normed: np.ndarray | None = None  # an embedding's final-norm output, (prompt, H)
+    scored: list[TokenEvent] | None = None  # prompt_logprobs' events, prompt token 1 on
     lookup: PromptLookup | None = None  # speculative decoding's proposals, by prompt lookup
     drafter: DraftState | None = None  # or by the draft model
 
@@ -276,23 +279,31 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         fit_max_tokens: bool = False,
         constraint: Constraint | None = None,
+        prompt_logprobs: int | None = None,
     ) -> RequestHandle:
         """Queue a request; returns its handle at once (deliver its events to `loop` for an
         asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
         prompt plus max_tokens must fit the context, as OpenAI's API asks; otherwise generation
         that fills the context stops with "context". max_tokens None: until the context is full.
         constraint: a grammar the generated text must follow (minillm.core.structured).
+        prompt_logprobs: also score the prompt (the echo of OpenAI's completions): before its
+        first event the handle's `prompt_logprobs` holds a TokenEvent for each prompt token after
+        the first, with that many alternatives; max_tokens may then be 0 (score only). Such a
+        prompt is computed whole, not read from the prefix cache.
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx
         check_prompt(prompt, self.model.config.vocab_size, ctx, max_tokens if fit_max_tokens else None)
         if max_tokens is None:
             max_tokens = max(1, ctx - len(prompt))
-        if max_tokens < 1:
-            raise GenerationError(f"max_tokens must be >= 1, got {max_tokens}")
+        least = 0 if prompt_logprobs is not None else 1
+        if max_tokens < least:
+            raise GenerationError(f"max_tokens must be >= {least}, got {max_tokens}")
+        if prompt_logprobs is not None and prompt_logprobs < 0:
+            raise GenerationError(f"prompt_logprobs must be >= 0, got {prompt_logprobs}")
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
-        self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint))
+        self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint, prompt_logprobs=prompt_logprobs))
         return handle
 
     def submit_embedding(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
@@ -402,9 +413,12 @@ class Engine:
         slot, cache = self.pool.acquire()
         seq = _Sequence(request, slot, cache, np.random.default_rng(request.params.seed))
         try:
-            seq.read = 0 if request.embedding else self.prefix.load(request.prompt, cache)
+            whole = request.embedding or request.prompt_logprobs is not None  # every prompt row is read
+            seq.read = 0 if whole else self.prefix.load(request.prompt, cache)
             request.handle.cached_tokens = seq.read
             self.stats.cached_tokens += seq.read
+            if request.prompt_logprobs is not None:
+                seq.scored = []
             if request.embedding:
                 seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
             elif self.speculative == "ngram":
@@ -447,22 +461,24 @@ class Engine:
                 tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
         decode_rows = len(tokens)
         budget = self._prefill_rows(decode_rows)
-        chunks = []  # (sequence, first row, rows)
+        chunks = []  # (sequence, first row, rows, its first row of logits)
         for s in self._running:
             if budget <= 0:
                 break
             if not s.prefilling:
                 continue
             n = min(budget, len(s.request.prompt) - s.read)
-            chunks.append((s, len(tokens), n))
+            chunks.append((s, len(tokens), n, len(logit_rows)))
+            if s.scored is not None:  # every row's, to score the prompt
+                logit_rows += range(len(tokens), len(tokens) + n)
+            elif s.read + n == len(s.request.prompt) and not s.request.embedding:
+                logit_rows.append(len(tokens) + n - 1)
             tokens += s.request.prompt[s.read : s.read + n]
             positions += range(s.read, s.read + n)
             slots += [s.slot] * n
-            if s.read + n == len(s.request.prompt) and not s.request.embedding:
-                logit_rows.append(len(tokens) - 1)
             budget -= n
         hidden = None
-        if any(s.request.embedding for s, _, _ in chunks):
+        if any(s.request.embedding for s, _, _, _ in chunks):
             cfg = self.model.config
             hidden = np.empty((cfg.num_hidden_layers + 2, len(tokens), cfg.hidden_size), np.float32)
         started = time.perf_counter()
@@ -485,14 +501,17 @@ class Engine:
             if not self._verify(s, draft, logits[next_logits : next_logits + 1 + len(draft)]):
                 keep.discard(id(s))
             next_logits += 1 + len(draft)
-        for s, first, n in chunks:
+        for s, first, n, _ in chunks:
             s.cache.length += n
             s.read += n
         if self.draft is not None and chunks:
-            self._draft_read([s for s, _, _ in chunks])  # before a finished prompt's first token starts its proposals
-        for s, first, n in chunks:
+            self._draft_read([s for s, _, _, _ in chunks])  # before a finished prompt's first token starts its proposals
+        for s, first, n, at in chunks:
             if s.request.embedding and hidden is not None:
                 s.normed[s.read - n : s.read] = hidden[-1, first : first + n]
+            if s.scored is not None:
+                self._score_prompt(s, logits[at : at + n], s.read - n)
+                at += n - 1  # the prompt's last row, when this chunk ends it
             if s.prefilling:
                 continue
             self.stats.prompt_tokens += len(s.request.prompt) - s.request.handle.cached_tokens
@@ -502,10 +521,23 @@ class Engine:
                 continue
             self.prefix.store(s.request.prompt, s.cache)  # for requests that share this prompt, even now
             self.model.release_outside_windows(s.cache)
-            if not self._advance_or_fail(s, logits[next_logits]):
+            if s.scored is not None:
+                s.request.handle.prompt_logprobs, s.scored = s.scored, None
+                if s.request.max_tokens == 0:  # scored, nothing to generate
+                    keep.discard(id(s))
+                    self._end(s, "length")
+                    continue
+            if not self._advance_or_fail(s, logits[at]):
                 keep.discard(id(s))
-            next_logits += 1
         self._running = [s for s in self._running if id(s) in keep]
+
+    def _score_prompt(self, seq: _Sequence, logits: np.ndarray, start: int) -> None:
+        """The prompt's own tokens scored by the logits of the rows before them (rows from prompt
+        position `start`), as generated tokens' logprobs are."""
+        prompt, top = seq.request.prompt, seq.request.prompt_logprobs
+        for i in range(min(len(logits), len(prompt) - 1 - start)):
+            token = prompt[start + i + 1]
+            seq.scored.append(TokenEvent(token, *_logprobs(logits[i], token, top)))
 
     @staticmethod
     def _room(seq: _Sequence) -> int:

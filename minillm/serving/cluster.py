@@ -65,7 +65,8 @@ class EngineReplica:
 
     async def generate(self, spec: dict):
         """A request's stream: ("start", replica, pid), ("event", token, logprob, top_logprobs)..., then
-        ("end", finish_reason, cached_tokens, stats) or ("error", kind, message, param)."""
+        ("end", finish_reason, cached_tokens, stats) or ("error", kind, message, param); a scored
+        prompt's ("prompt", [(token, logprob, top_logprobs), ...]) before its first event or end."""
         yield ("start", self.replica, os.getpid())
         llm = self.llm
         try:
@@ -73,9 +74,16 @@ class EngineReplica:
             handle = llm.engine.submit(
                 spec["prompt"], spec["params"], spec["max_tokens"], spec["stop_ids"], spec["logprobs"],
                 loop=asyncio.get_running_loop(), fit_max_tokens=spec["fit_max_tokens"], constraint=constraint,
+                prompt_logprobs=spec.get("prompt_logprobs"),
             )
+            scored = False  # a scored prompt's events go first (the engine sets them before any other)
             async for event in handle.events():
+                if not scored and handle.prompt_logprobs is not None:
+                    scored = True
+                    yield _prompt_item(handle)
                 yield ("event", event.token, event.logprob, event.top_logprobs)
+            if not scored and handle.prompt_logprobs is not None:  # max_tokens 0: scored only
+                yield _prompt_item(handle)
             yield ("end", handle.finish_reason, handle.cached_tokens, self.stats())
         except MiniLLMError as e:
             yield ("error", type(e).__name__, str(e), getattr(e, "param", None))
@@ -93,6 +101,10 @@ class EngineReplica:
         """Ray Serve's health check: a replica whose engine thread died is restarted."""
         if not self.llm.engine.alive:
             raise RuntimeError("the engine thread is not running")
+
+
+def _prompt_item(handle) -> tuple:
+    return ("prompt", [(e.token, e.logprob, e.top_logprobs) for e in handle.prompt_logprobs])
 
 
 def _replica_id() -> str:
@@ -133,7 +145,8 @@ class RemoteEngine:
         self.routing = {"affinity": 0, "fallback": 0, "by_replica": defaultdict(int)}
         self.replica_errors = 0
 
-    def submit(self, prompt, params, max_tokens=None, stop_ids=(), logprobs=None, loop=None, fit_max_tokens=False, constraint=None):
+    def submit(self, prompt, params, max_tokens=None, stop_ids=(), logprobs=None, loop=None, fit_max_tokens=False, constraint=None,
+               prompt_logprobs=None):
         prompt = [int(t) for t in prompt]
         check_prompt(prompt, self.vocab_size, self.ctx, max_tokens if fit_max_tokens else None)
         if max_tokens is None:
@@ -143,7 +156,8 @@ class RemoteEngine:
         handle = _RemoteHandle(loop)
         handle.prompt_tokens = len(prompt)
         spec = {"prompt": prompt, "params": params, "max_tokens": max_tokens, "stop_ids": list(stop_ids), "logprobs": logprobs,
-                "fit_max_tokens": fit_max_tokens, "grammar": constraint.grammar if constraint is not None else None}
+                "fit_max_tokens": fit_max_tokens, "grammar": constraint.grammar if constraint is not None else None,
+                "prompt_logprobs": prompt_logprobs}
         self.in_flight += 1
         handle.task = asyncio.get_running_loop().create_task(self._relay(spec, handle))
         return handle
@@ -161,6 +175,8 @@ class RemoteEngine:
                     self._count_route(spec.get("preferred_replica"), replica)
                 elif kind == "event":
                     handle.deliver(TokenEvent(*item[1:]))
+                elif kind == "prompt":
+                    handle.prompt_logprobs = [TokenEvent(*e) for e in item[1]]
                 elif kind == "end":
                     handle.cached_tokens = item[2]
                     self.reports[replica] = item[3]

@@ -17,6 +17,7 @@ from ..core.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16  # n: samples of one prompt
+MAX_PROMPTS = 64  # prompts in one completions request (each with its n choices)
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -93,19 +94,42 @@ class SamplingRequest(StrictModel):
         return stops
 
     @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token when the prompt is scored too (completions' echo)."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: Union[str, list[int]] = Field(...)
-    max_tokens: int | None = Field(default=16, ge=1)
+    prompt: Union[str, list[int], list[str], list[list[int]]] = Field(...)
+    max_tokens: int | None = Field(default=16, ge=0)  # 0: only with echo (score the prompt)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The prompts, one per list item when a list of texts or of token lists is sent."""
+        p = self.prompt
+        many = isinstance(p, list) and p and not isinstance(p[0], int)
+        prompts = list(p) if many else [p]
+        if not prompts or len(prompts) > MAX_PROMPTS:
+            raise APIError(400, f"prompt: send 1 to {MAX_PROMPTS} prompts", param="prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens must be at least 1 unless echo is set (0 scores the prompt only)", param="max_tokens")
+        if len(prompts) * self.n > MAX_PROMPTS:
+            raise APIError(400, f"prompts x n must be at most {MAX_PROMPTS}, got {len(prompts)} x {self.n}", param="n")
+        return prompts
 
     @property
     def token_budget(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """echo with logprobs: the prompt's tokens are scored too."""
+        return self.logprobs if self.echo else None
 
     @property
     def engine_logprobs(self) -> int | None:
@@ -163,15 +187,26 @@ class ChatRequest(SamplingRequest):
 
 
 class TokenizeRequest(StrictModel):
-    """llama.cpp's /tokenize."""
+    """llama.cpp's /tokenize ({"content", "add_special"}), or vLLM's ({"prompt", "add_special_tokens"},
+    whose special tokens are added unless asked not to)."""
 
-    content: str
+    content: str | None = None
     add_special: bool = False
     with_pieces: bool = False
+    prompt: str | None = None
+    add_special_tokens: bool = True
+
+    def text(self) -> tuple[str, str, bool]:
+        """(the text, its field, add special tokens?)"""
+        if (self.content is None) == (self.prompt is None):
+            raise APIError(400, "send the text as either content (llama.cpp) or prompt (vLLM)", param="content")
+        if self.content is not None:
+            return self.content, "content", self.add_special
+        return self.prompt, "prompt", self.add_special_tokens
 
 
 class DetokenizeRequest(StrictModel):
-    """llama.cpp's /detokenize."""
+    """llama.cpp's /detokenize (and vLLM's: the same body)."""
 
     tokens: list[int]
 
@@ -190,13 +225,30 @@ class EmbeddingRequest(StrictModel):
 TokenText = Callable[[int], str]  # a token id as the text it stands for
 
 
-def completion_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict:
-    return {
-        "tokens": [token_text(e.token) for e in events],
+def completion_logprobs(events: Sequence[TokenEvent], token_text: TokenText, offset: int = 0, first: int | None = None) -> dict:
+    """OpenAI's legacy logprobs of `events`, whose text starts at character `offset` of the
+    choice's text. first: an echoed prompt's first token, which has no logprob (nothing before it)."""
+    tokens = [token_text(e.token) for e in events]
+    logprobs = {
+        "tokens": tokens,
         "token_logprobs": [e.logprob for e in events],
         "top_logprobs": [{token_text(t): lp for t, lp in e.top_logprobs} for e in events],
         "text_offset": [],
     }
+    if first is not None:
+        text = token_text(first)
+        tokens.insert(0, text)
+        logprobs["token_logprobs"].insert(0, None)
+        logprobs["top_logprobs"].insert(0, None)
+    for text in tokens:
+        logprobs["text_offset"].append(offset)
+        offset += len(text)
+    return logprobs
+
+
+def joined_logprobs(first: dict, then: dict) -> dict:
+    """Two completion_logprobs, one after the other (an echoed prompt's, then the generated)."""
+    return {key: first[key] + then[key] for key in first}
 
 
 def chat_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict:

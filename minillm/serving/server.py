@@ -181,19 +181,20 @@ class Generation:
 
 
 class Choices:
-    """The generations of one request: n samples of one prompt (later ones reuse its cached blocks),
-    under one id, as choices by index."""
+    """The generations of one request: n samples of each of its prompts (later ones reuse their
+    prompt's cached blocks), under one id, as choices by index (prompt by prompt)."""
 
-    def __init__(self, gens: list[Generation]):
+    def __init__(self, gens: list[Generation], firsts: list[Generation] | None = None):
         self.gens = gens
+        self.firsts = firsts or gens[:1]  # each prompt's first choice
         self.id, self.created, self.model = gens[0].id, gens[0].created, gens[0].model
 
     def response(self, kind: str, choices: list[dict]) -> dict:
         return oai.response_object(self.id, kind, self.created, self.model, choices)
 
     def usage(self, completion_tokens: int) -> dict:
-        """The prompt counted once, as OpenAI counts it for n > 1."""
-        return self.gens[0].usage(completion_tokens)
+        """Each prompt counted once, as OpenAI counts them for n > 1."""
+        return oai.usage(sum(g.prompt_tokens for g in self.firsts), completion_tokens, sum(g.handle.cached_tokens for g in self.firsts))
 
     async def collect(self) -> list[tuple[Generation, tuple[str, list[TokenEvent]]]]:
         results = await asyncio.gather(*(gen.collect() for gen in self.gens))
@@ -298,6 +299,7 @@ class Prepared:
 
     def __init__(self, prompt_ids: list[int], plans: list[tuple], tools: ChatTools | None = None):
         self.prompt_ids, self.plans, self.tools = prompt_ids, plans, tools
+        self.echo = ""  # completions' echo: the prompt's text, which the choices' text starts with
 
 
 class Service:
@@ -360,9 +362,16 @@ class Service:
 
     # ---------------------------------------------------------------- off the loop
 
-    def prepare_completion(self, body: CompletionRequest) -> Prepared:
-        prompt_ids = self.encode(body.prompt, "prompt") if isinstance(body.prompt, str) else list(body.prompt)
-        return Prepared(prompt_ids, self.plans(body))
+    def prepare_completion(self, body: CompletionRequest) -> list[Prepared]:
+        """One Prepared per prompt; with echo, each keeps the text it echoes."""
+        batch = []
+        for prompt in body.prompts():
+            prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
+            prepared = Prepared(prompt_ids, self.plans(body))
+            if body.echo:
+                prepared.echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt_ids)
+            batch.append(prepared)
+        return batch
 
     def prepare_chat(self, body: ChatRequest) -> Prepared:
         messages = body.chat_messages()
@@ -403,18 +412,23 @@ class Service:
 
     # ---------------------------------------------------------------- on the loop
 
-    def start_choices(self, prepared: Prepared, body: SamplingRequest, id_prefix: str) -> Choices:
-        """The prepared choices submitted to the engine, which checks the prompt; its errors become
-        400, 429 or the context_length_exceeded 400."""
+    def start_choices(self, prepared: Prepared | list[Prepared], body: SamplingRequest, id_prefix: str) -> Choices:
+        """The prepared choices (of one prompt or several) submitted to the engine, which checks
+        each prompt; its errors become 400, 429 or the context_length_exceeded 400, and cancel
+        the choices already submitted."""
         gens: list[Generation] = []
+        firsts: list[Generation] = []
         try:
-            for params, constraint in prepared.plans:
-                gens.append(self.start(prepared.prompt_ids, body, id_prefix, params, constraint))
+            for one in prepared if isinstance(prepared, list) else [prepared]:
+                for k, (params, constraint) in enumerate(one.plans):
+                    gens.append(self.start(one.prompt_ids, body, id_prefix, params, constraint))
+                    if k == 0:
+                        firsts.append(gens[-1])
         except APIError:
             for gen in gens:
                 gen.handle.cancel()
             raise
-        return Choices(gens)
+        return Choices(gens, firsts)
 
     def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint) -> Generation:
         assembler = TextAssembler(self.tokenizer, body.stops())
@@ -422,6 +436,7 @@ class Service:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
                 body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True, constraint=constraint,
+                prompt_logprobs=body.prompt_logprobs,
             )
         except QueueFullError as e:
             raise queue_full(e) from None
@@ -541,10 +556,11 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         body = await service.parse(request, TokenizeRequest)
 
         def run():
-            ids = service.encode(body.content, "content", add_special_tokens=body.add_special)
+            text, field, special = body.text()
+            ids = service.encode(text, field, add_special_tokens=special)
             if body.with_pieces:
                 return {"tokens": [{"id": t, "piece": service.token_text(t)} for t in ids]}
-            return {"tokens": ids}
+            return {"tokens": ids, "count": len(ids), "max_model_len": service.ctx}
 
         return await asyncio.to_thread(run)
 
@@ -554,7 +570,17 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         vocab = service.llm.model.config.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
-        return {"content": await asyncio.to_thread(service.tokenizer.decode, body.tokens, skip_special_tokens=False)}
+        text = await asyncio.to_thread(service.tokenizer.decode, body.tokens, skip_special_tokens=False)
+        return {"content": text, "prompt": text}  # llama.cpp's name, vLLM's
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's: what a client needs to tokenize as the server does (lm-evaluation-harness's
+        remote tokenizer reads it)."""
+        service.require_ready()
+        t = service.tokenizer
+        return {"bos_token": t.bos_token, "eos_token": t.eos_token, "pad_token": None, "chat_template": t.chat_template,
+                "model_max_length": service.ctx, "add_bos_token": t.add_bos}
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -612,32 +638,39 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await service.parse(request, CompletionRequest)
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs would need the prompt's logprobs, which are not computed", param="echo")
-        prepared = await asyncio.to_thread(service.prepare_completion, body)
-        echoed = ""
-        if body.echo:
-            echoed = body.prompt if isinstance(body.prompt, str) else await asyncio.to_thread(service.tokenizer.decode, prepared.prompt_ids)
-        choices = service.start_choices(prepared, body, "cmpl")
+        batch = await asyncio.to_thread(service.prepare_completion, body)
+        choices = service.start_choices(batch, body, "cmpl")
+        prompt_of = lambda i: batch[i // body.n]
 
-        def choice(i: int, text: str, reason: str | None, events: list[TokenEvent]) -> dict:
-            logprobs = None if body.logprobs is None else oai.completion_logprobs(events, service.token_text)
-            return oai.completion_choice(i, text, reason, logprobs)
+        def logprobs(i: int, gen: Generation, events: list[TokenEvent], offset: int, echoed: bool) -> dict | None:
+            """Of the generated events, their text from `offset`; echoed: the prompt's first (with
+            echo, a scored prompt's tokens come first, the first one without a logprob)."""
+            if body.logprobs is None:
+                return None
+            if not echoed:
+                return oai.completion_logprobs(events, service.token_text, offset)
+            prompt = oai.completion_logprobs(gen.handle.prompt_logprobs or [], service.token_text, first=prompt_of(i).prompt_ids[0])
+            return oai.joined_logprobs(prompt, oai.completion_logprobs(events, service.token_text, len(prompt_of(i).echo)))
 
         if body.stream:
             async def chunks(i: int, gen: Generation):
-                if echoed:
-                    yield choice(i, echoed, None, []), 0
+                echo, offset = body.echo, 0
                 async for text, events, final in gen.pieces():
-                    yield choice(i, text, gen.finish_reason() if final else None, events), len(events)
+                    if echo:  # the prompt's logprobs are known with the first event
+                        yield oai.completion_choice(i, prompt_of(i).echo, None, logprobs(i, gen, [], 0, echoed=True)), 0
+                        echo, offset = False, len(prompt_of(i).echo)
+                    reason = gen.finish_reason() if final else None
+                    yield oai.completion_choice(i, text, reason, logprobs(i, gen, events, offset, echoed=False)), len(events)
+                    offset += len(text)
 
             return choices.sse_response(chunks, "text_completion", body.include_usage)
         results = await until_disconnected(request, choices.collect())
         if isinstance(results, Response):
             return results
-        return dict(choices.response("text_completion", [choice(i, echoed + text, gen.finish_reason(), events)
-                                                          for i, (gen, (text, events)) in enumerate(results)]),
-                    usage=choices.usage(sum(len(events) for _, (_, events) in results)))
+        return dict(choices.response("text_completion", [
+            oai.completion_choice(i, prompt_of(i).echo + text, gen.finish_reason(), logprobs(i, gen, events, 0, echoed=body.echo))
+            for i, (gen, (text, events)) in enumerate(results)]),
+            usage=choices.usage(sum(len(events) for _, (_, events) in results)))
 
 
 def _add_chat_route(app: FastAPI, service: Service) -> None:
