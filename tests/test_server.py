@@ -419,6 +419,8 @@ def test_json_object_and_grammar_extension(client):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}, "tools[0].function.parameters"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"n": 17}, "n"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
 ])
 def test_fields_that_cannot_be_honoured_are_400(server, body, param):
     payload = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
@@ -478,6 +480,22 @@ def test_echo_with_logprobs_scores_the_prompt(server, client, llm):
     assert [c.index for c in two.choices] == [0, 1, 2, 3]
     for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"prompt": ["x"] * 65, "max_tokens": 1}, "prompt")):
         response = httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_best_of_returns_the_likeliest_of_its_samples(server, client):
+    """best_of = 4, n = 2, seed 3: the candidates are the seeded requests 3..6, and the two with the
+    highest summed logprob come back, in candidate order; suffix and streamed best_of are 400s."""
+    kwargs = dict(model="smollm2", prompt="Once upon a time", max_tokens=6, temperature=1.0)
+    alone = [client.completions.create(seed=3 + i, logprobs=0, **kwargs).choices[0] for i in range(4)]
+    likeliest = sorted(sorted(range(4), key=lambda i: -sum(alone[i].logprobs.token_logprobs))[:2])
+    best = client.completions.create(seed=3, n=2, best_of=4, **kwargs)
+    assert [c.index for c in best.choices] == [0, 1] and [c.logprobs for c in best.choices] == [None, None]
+    assert [c.text for c in best.choices] == [alone[i].text for i in likeliest]
+    assert best.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in alone)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    for body, param in (({"suffix": "The end."}, "suffix"), ({"best_of": 2, "stream": True}, "best_of"), ({"best_of": 1, "n": 2}, "best_of")):
+        response = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, **body}, headers=headers)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 

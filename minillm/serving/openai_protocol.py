@@ -98,6 +98,14 @@ class SamplingRequest(StrictModel):
         """Alternatives per prompt token when the prompt is scored too (completions' echo)."""
         return None
 
+    def check_supported(self) -> None:
+        """A 400 naming the field for an OpenAI field whose value minillm cannot honour."""
+
+    @property
+    def candidates(self) -> int:
+        """Choices sampled per prompt."""
+        return self.n
+
     @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -108,6 +116,21 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=16, ge=0)  # 0: only with echo (score the prompt)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # sample this many, return the n likeliest
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        if self.suffix:
+            raise APIError(400, "suffix: filling in the middle is not supported (these models were not trained for it)", param="suffix")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError(400, f"best_of must be at least n ({self.n}), got {self.best_of}", param="best_of")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise APIError(400, "best_of cannot be streamed: the best choices are known only at the end", param="best_of")
+
+    @property
+    def candidates(self) -> int:
+        """Choices sampled per prompt: best_of, of which the n likeliest are returned."""
+        return self.best_of or self.n
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The prompts, one per list item when a list of texts or of token lists is sent."""
@@ -118,8 +141,8 @@ class CompletionRequest(SamplingRequest):
             raise APIError(400, f"prompt: send 1 to {MAX_PROMPTS} prompts", param="prompt")
         if self.max_tokens == 0 and not self.echo:
             raise APIError(400, "max_tokens must be at least 1 unless echo is set (0 scores the prompt only)", param="max_tokens")
-        if len(prompts) * self.n > MAX_PROMPTS:
-            raise APIError(400, f"prompts x n must be at most {MAX_PROMPTS}, got {len(prompts)} x {self.n}", param="n")
+        if len(prompts) * self.candidates > MAX_PROMPTS:
+            raise APIError(400, f"prompts x n (or best_of) must be at most {MAX_PROMPTS}, got {len(prompts)} x {self.candidates}", param="n")
         return prompts
 
     @property
@@ -133,8 +156,8 @@ class CompletionRequest(SamplingRequest):
 
     @property
     def engine_logprobs(self) -> int | None:
-        """Alternatives per token the engine reports; None: no logprobs at all."""
-        return self.logprobs
+        """Alternatives per token the engine reports; None: no logprobs at all (best_of ranks by them)."""
+        return self.logprobs if self.logprobs is not None or self.candidates == self.n else 0
 
 
 class TextPart(StrictModel):
@@ -164,6 +187,12 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     parallel_tool_calls: bool = True
+    modalities: list[str] | None = None
+    audio: dict | None = None
+
+    def check_supported(self) -> None:
+        if self.audio is not None or any(m != "text" for m in self.modalities or ()):
+            raise APIError(400, "modalities: this server answers in text only", param="modalities" if self.modalities else "audio")
 
     def chat_messages(self) -> list[dict]:
         """Messages as chat templates take them (tool calls and results kept)."""

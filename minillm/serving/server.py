@@ -384,9 +384,10 @@ class Service:
         return Prepared(prompt_ids, self.plans(body, tools.grammar), tools)
 
     def plans(self, body: SamplingRequest, tool_grammar: str | None = None) -> list[tuple]:
-        """(sampling settings, constraint) of each of the body.n choices (seeds seed, seed + 1, ..,
-        when a seed is given); every field checked, every grammar compiled, here."""
+        """(sampling settings, constraint) of each of the body.candidates choices (seeds seed, seed +
+        1, .., when a seed is given); every field checked, every grammar compiled, here."""
         vocab = self.llm.model.config.vocab_size
+        body.check_supported()
         try:
             params = body.sampling()
             bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
@@ -397,7 +398,7 @@ class Service:
             if tool_grammar is not None and (body.response_format or body.grammar):
                 raise StructuredOutputError("a forced tool call cannot also follow response_format or grammar", "tool_choice")
             plans = []
-            for i in range(body.n):
+            for i in range(body.candidates):
                 seeded = dataclasses.replace(params, seed=params.seed + i) if i and params.seed is not None else params
                 if tool_grammar is not None:
                     constraint = self.llm.grammars.lark(tool_grammar, "tools")
@@ -640,7 +641,7 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
         body = await service.parse(request, CompletionRequest)
         batch = await asyncio.to_thread(service.prepare_completion, body)
         choices = service.start_choices(batch, body, "cmpl")
-        prompt_of = lambda i: batch[i // body.n]
+        prompt_of = lambda i: batch[i // body.candidates]
 
         def logprobs(i: int, gen: Generation, events: list[TokenEvent], offset: int, echoed: bool) -> dict | None:
             """Of the generated events, their text from `offset`; echoed: the prompt's first (with
@@ -667,10 +668,24 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
         results = await until_disconnected(request, choices.collect())
         if isinstance(results, Response):
             return results
+        kept = _best_of(results, body.candidates, body.n)
         return dict(choices.response("text_completion", [
-            oai.completion_choice(i, prompt_of(i).echo + text, gen.finish_reason(), logprobs(i, gen, events, 0, echoed=body.echo))
-            for i, (gen, (text, events)) in enumerate(results)]),
+            oai.completion_choice(k, prompt_of(i).echo + text, gen.finish_reason(), logprobs(i, gen, events, 0, echoed=body.echo))
+            for k, (i, (gen, (text, events))) in enumerate(kept)]),
             usage=choices.usage(sum(len(events) for _, (_, events) in results)))
+
+
+def _best_of(results: list, candidates: int, n: int) -> list[tuple[int, tuple]]:
+    """(index, result) of the choices returned: each prompt's n likeliest of its candidates (the
+    highest sum of their tokens' logprobs, as vLLM ranks best_of; ties by index), in index order."""
+    if candidates == n:
+        return list(enumerate(results))
+    kept = []
+    for start in range(0, len(results), candidates):
+        group = list(enumerate(results))[start : start + candidates]
+        likeliest = sorted(group, key=lambda item: (-sum(e.logprob for e in item[1][1][1]), item[0]))[:n]
+        kept += sorted(likeliest, key=lambda item: item[0])
+    return kept
 
 
 def _add_chat_route(app: FastAPI, service: Service) -> None:
