@@ -1,13 +1,14 @@
 """Speculative decoding by prompt lookup against plain decoding, on input-grounded and open-ended tasks.
 
-    python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160] [--modes ngram draft]
+    python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160] [--modes ngram draft prediction]
                                      [--draft-dtype int8 [q4_0 ...]]
 
 Each task is a chat to the model whose reply, greedy, either repeats its input (copying a
 paragraph, renaming a variable in code, correcting a few words, quoting a document to answer) or
 does not (open-ended continuation). Each round runs every task through engines over the same
 weights, plain and each of --modes (`ngram`: prompt lookup; `draft`: the same model at
-each --draft-dtype proposing), in an order that rotates; decode tokens/s is timed from the first token
+each --draft-dtype proposing; `prediction`: no speculation, but each request given the text its
+task quotes as OpenAI's predicted output, which prompt lookup then proposes from), in an order that rotates; decode tokens/s is timed from the first token
 to the last. Reported per task: medians over rounds, the ratio, the share of
 proposed tokens accepted, whether the texts were identical (they must be), and lookup's ceiling:
 plain decoding's text replayed through prompt lookup with rows that cost nothing (it proposes
@@ -82,21 +83,24 @@ DOCUMENT = ("Order confirmation\n\nThank you for your order, Maria Lindqvist. Yo
             "was placed on 14 March 2026. We will ship it to 12 Harbour Street, Bergen, Norway, within three working "
             "days. Questions? Write to support@example.com and quote your order number. The total charged to your "
             "card was 1,249.00 NOK, including VAT.")
+TYPOS = PARAGRAPH.replace("engine", "engnie").replace("compiled", "compilled").replace("prefix", "prefx")
 TASKS = {
     "copy a paragraph": f"Repeat this paragraph exactly, word for word:\n\n{PARAGRAPH}",
     "rename in code": f"Rewrite this Python function with the variable `subtotal` renamed to `net`. Reply with the code only.\n\n{CODE}",
     "rename in a module": f"Rewrite this Python module with the variable `items` renamed to `products` everywhere. Reply with the code only.\n\n{MODULE}",
     "extract as JSON": "From this document, extract the customer name, order number, date, address and total as a JSON object. "
                        f"Reply with the JSON only.\n\n{DOCUMENT}",
-    "fix typos": "Correct the spelling in this text and return the whole corrected text:\n\n" + PARAGRAPH.replace("engine", "engnie")
-                 .replace("compiled", "compilled").replace("prefix", "prefx"),
+    "fix typos": f"Correct the spelling in this text and return the whole corrected text:\n\n{TYPOS}",
     "open-ended": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
+# what a client would send as the predicted output: the text the task quotes
+PREDICTIONS = {"copy a paragraph": PARAGRAPH, "rename in code": CODE, "rename in a module": MODULE, "extract as JSON": DOCUMENT,
+               "fix typos": TYPOS, "open-ended": ""}
 
 
-def decode_rate(engine: Engine, prompt: list[int], tokens: int):
+def decode_rate(engine: Engine, prompt: list[int], tokens: int, prediction: list[int] = ()):
     times, out = [], []
-    for event in engine.submit(prompt, SamplingParams(temperature=0), tokens, engine_eos):
+    for event in engine.submit(prompt, SamplingParams(temperature=0), tokens, engine_eos, prediction=prediction):
         times.append(time.perf_counter())
         out.append(event.token)
     return (len(out) - 1) / (times[-1] - times[0]) if len(out) > 1 else float("nan"), out
@@ -129,7 +133,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--spec-tokens", type=int, default=8)
-    ap.add_argument("--modes", nargs="+", default=["ngram"], choices=["ngram", "draft"])
+    ap.add_argument("--modes", nargs="+", default=["ngram"], choices=["ngram", "draft", "prediction"])
     ap.add_argument("--draft-dtype", nargs="+", default=["int8"], help="one draft column per precision")
     ap.add_argument("--oracle-row-cost", type=float, metavar="C",
                     help="also print lookup's best at a checked row's cost C (a fraction of a step): an oracle column")
@@ -145,7 +149,10 @@ def main() -> None:
             draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=dtype)
             name = "draft" if len(args.draft_dtype) == 1 else dtype
             engines[name] = Engine(llm.model, base.replace(speculative="draft", spec_tokens=args.spec_tokens), draft=draft)
+    if "prediction" in args.modes:
+        engines["prediction"] = Engine(llm.model, base)  # no speculation: the requests' predictions alone
     prompts = {name: llm.tokenizer.encode_chat([{"role": "user", "content": text}]) for name, text in TASKS.items()}
+    predictions = {name: llm.tokenizer.encode(text, add_special_tokens=False) if text else [] for name, text in PREDICTIONS.items()}
     rates = {name: {mode: [] for mode in engines} for name in TASKS}
     counts = {name: {mode: [0, 0] for mode in engines} for name in TASKS}
     same = {name: True for name in TASKS}
@@ -158,7 +165,7 @@ def main() -> None:
             for mode in order:
                 engine = engines[mode]
                 before = (engine.stats.spec_draft_tokens, engine.stats.spec_accepted_tokens)
-                rate, outs[mode] = decode_rate(engine, prompt, args.tokens)
+                rate, outs[mode] = decode_rate(engine, prompt, args.tokens, predictions[name] if mode == "prediction" else ())
                 rates[name][mode].append(rate)
                 counts[name][mode][0] += engine.stats.spec_draft_tokens - before[0]
                 counts[name][mode][1] += engine.stats.spec_accepted_tokens - before[1]

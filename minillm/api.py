@@ -126,6 +126,8 @@ class LLM:
         recent tokens (leaving room for max_tokens, and at least half the context to the prompt).
         json_schema (a dict) or grammar (GBNF text, or {"type": "lark" | "gbnf" | "regex",
         "grammar": str}) constrain the text (minillm.core.structured); logit_bias maps token ids to biases.
+        prediction (text or token ids the reply is expected to copy, OpenAI's predicted outputs)
+        lets prompt lookup propose from it: the same text in fewer steps.
         """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self._stream(ids, max_tokens, stop, truncate, sampling)
@@ -152,7 +154,10 @@ class LLM:
             constraint = response_format_constraint(self.grammars, response_format, grammar)
         if "logit_bias" in sampling:
             sampling["logit_bias"] = tuple((int(t), float(b)) for t, b in dict(sampling["logit_bias"]).items())
-        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint)
+        prediction = sampling.pop("prediction", None) or ()
+        if isinstance(prediction, str):
+            prediction = self.tokenizer.encode(prediction, add_special_tokens=False)
+        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction)
         return TextStream(handle, self.tokenizer, stop)
 
     # ------------------------------------------------------------------ numbers

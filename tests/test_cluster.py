@@ -148,6 +148,12 @@ def test_several_prompts_and_choices_in_one_request_reach_the_replicas(client, r
     both = client.completions.create(n=3, seed=2, **kwargs)
     assert [c.index for c in both.choices] == [0, 1, 2]
     assert [c.text for c in both.choices] == [client.completions.create(seed=2 + i, **kwargs).choices[0].text for i in range(3)]
+    # a predicted output: the same reply, and the replica's counts of its proposals come back
+    plain = client.completions.create(model="m", prompt="The lighthouse keeper", max_tokens=12, temperature=0)
+    predicted = client.completions.create(model="m", prompt="The lighthouse keeper", max_tokens=12, temperature=0,
+                                          extra_body={"prediction": {"type": "content", "content": plain.choices[0].text}})
+    assert predicted.choices[0].text == plain.choices[0].text
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
 
 
 def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(cluster, client):

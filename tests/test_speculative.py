@@ -130,6 +130,30 @@ def test_max_tokens_and_context_bound_the_proposals(model, draft, mode):
     assert len(events) == 3 and reason == "length"
 
 
+@pytest.mark.parametrize("name", ["greedy", "seeded", "penalties"])
+def test_a_prediction_never_changes_a_token(model, draft, name):
+    """A per-request prediction (OpenAI's predicted outputs) on an engine without speculation:
+    the same tokens and logprobs whether the prediction is the reply, half of it or unrelated; the
+    reply itself takes fewer steps than tokens and counts what it proposed and kept. An engine
+    with a draft model keeps its draft."""
+    params = next(c[1] for c in CASES if c[0] == name)
+    rng = np.random.default_rng(9)
+    prompt = rng.integers(0, VOCAB, size=30).tolist()
+    expected, reason = run(Engine(model, Options(max_batch=1, cache_mb=0)), prompt, 60, params)
+    reply = [t for t, _, _ in expected]
+    for prediction in (reply, reply[:30] + rng.integers(0, VOCAB, size=30).tolist(), rng.integers(0, VOCAB, size=50).tolist()):
+        engine = Engine(model, Options(max_batch=2, cache_mb=0))
+        handle = engine.submit(prompt, params, 60, logprobs=2, prediction=prediction)
+        assert [(e.token, e.logprob, e.top_logprobs) for e in handle] == expected and handle.finish_reason == reason
+        assert 0 <= handle.accepted_tokens <= handle.proposed_tokens == engine.stats.spec_draft_tokens
+        if prediction is reply:
+            assert handle.accepted_tokens >= len(reply) // 2 and engine.stats.steps < 3 * len(reply) // 4
+    drafting = speculating("draft", model, draft, max_batch=1)
+    assert run(drafting, prompt, 60, params) == (expected, reason)
+    handle = drafting.submit(prompt, params, 60, prediction=reply)
+    assert [e.token for e in handle] == reply
+
+
 def test_lookup_proposes_what_followed_the_latest_occurrence():
     lookup = PromptLookup([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2, 3], most=8, ngram=3)
     assert lookup.propose(10, cost=0.0) == [5, 6, 7, 1, 2, 3, 5, 6]  # after the latest "1 2 3", going on past the end
@@ -271,6 +295,40 @@ def test_the_server_gives_the_same_replies(default_model_dir, mode):
     spec, metrics = replies(minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative=mode))
     assert spec == plain
     assert "minillm:spec_decode_num_draft_tokens_total" in metrics
+
+
+@pytest.mark.slow
+def test_a_predicted_output_gives_the_same_reply_in_fewer_steps(default_model_dir):
+    """OpenAI's `prediction` on a plain server: the chat reply is the one without it (greedy and
+    seeded, streamed too), usage reports the accepted and rejected predicted tokens, a malformed
+    prediction is a 400."""
+    from fastapi.testclient import TestClient
+
+    import minillm
+    from minillm.serving.server import create_app
+
+    code = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
+    chat = {"messages": [{"role": "user", "content": "Rename width to w in this code, reply with the code only:\n" + code}], "max_tokens": 60}
+    llm = minillm.load(default_model_dir, ctx=1024, cache_mb=0)
+    with TestClient(create_app(llm, "m"), base_url="http://localhost") as http:
+        replies = []
+        for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 4}):
+            plain = http.post("/v1/chat/completions", json={**chat, **sampling}).json()
+            replies.append(plain["choices"][0]["message"]["content"])
+            predicted = http.post("/v1/chat/completions", json={**chat, **sampling, "prediction": {"type": "content", "content": code}}).json()
+            assert predicted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+            details = predicted["usage"]["completion_tokens_details"]
+            assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] >= 0
+            assert "completion_tokens_details" not in plain["usage"]
+        steps = llm.engine.stats.steps
+        streamed = http.post("/v1/chat/completions", json={**chat, "temperature": 0, "stream": True,
+                                                           "prediction": {"type": "content", "content": [{"type": "text", "text": code}]}})
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                       for line in streamed.text.splitlines() if line.startswith("data: {") and '"choices": [{' in line)
+        assert text == replies[0] and llm.engine.stats.steps - steps <= len(llm.tokenizer.encode(text))
+        assert llm.chat(chat["messages"], max_tokens=60, temperature=0, prediction=code) == replies[0]  # the Python API's
+        bad = http.post("/v1/chat/completions", json={**chat, "prediction": {"type": "content", "content": 3}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction"
 
 
 def test_a_draft_no_cheaper_than_the_model_is_refused(checkpoint):

@@ -105,6 +105,8 @@ class RequestHandle:
         self.prompt_tokens = 0
         self.cached_tokens = 0  # of them, served from the prefix cache (set before the first event)
         self.prompt_logprobs: list[TokenEvent] | None = None  # submit's prompt_logprobs (set before the first event)
+        self.proposed_tokens = 0  # speculation's proposals for this request, and the ones kept
+        self.accepted_tokens = 0
         self.generated = 0
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
@@ -175,6 +177,7 @@ class _Request:
     constraint: Constraint | None = None  # structured output: the grammar the text must follow
     embedding: bool = False  # the mean of the final norm's output over the prompt, not generation
     prompt_logprobs: int | None = None  # score the prompt too: alternatives per prompt token
+    prediction: tuple[int, ...] = ()  # tokens the reply is expected to copy: proposed by prompt lookup
 
 
 @dataclass
@@ -280,6 +283,7 @@ class Engine:
         fit_max_tokens: bool = False,
         constraint: Constraint | None = None,
         prompt_logprobs: int | None = None,
+        prediction: Sequence[int] = (),
     ) -> RequestHandle:
         """Queue a request; returns its handle at once (deliver its events to `loop` for an
         asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
@@ -290,6 +294,9 @@ class Engine:
         first event the handle's `prompt_logprobs` holds a TokenEvent for each prompt token after
         the first, with that many alternatives; max_tokens may then be 0 (score only). Such a
         prompt is computed whole, not read from the prefix cache.
+        prediction: tokens the reply is expected to copy (OpenAI's predicted outputs): prompt lookup
+        proposes from them (before the prompt) unless a draft model proposes; the tokens are the
+        same either way, only their steps fewer.
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx
@@ -303,7 +310,8 @@ class Engine:
             raise GenerationError(f"prompt_logprobs must be >= 0, got {prompt_logprobs}")
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
-        self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint, prompt_logprobs=prompt_logprobs))
+        self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint, prompt_logprobs=prompt_logprobs,
+                             prediction=tuple(int(t) for t in prediction)))
         return handle
 
     def submit_embedding(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
@@ -421,8 +429,8 @@ class Engine:
                 seq.scored = []
             if request.embedding:
                 seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
-            elif self.speculative == "ngram":
-                seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram)
+            elif self.speculative == "ngram" or (request.prediction and self.draft is None):
+                seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram, request.prediction)
             elif self.draft is not None:
                 pool = self.draft_pool
                 cache = KVCache(self.draft.config, pool.ctx, pool.k[slot], pool.v[slot], pool.format)
@@ -552,6 +560,7 @@ class Engine:
             return []
         draft = seq.lookup.propose(self._room(seq), cost)
         self.stats.spec_draft_tokens += len(draft)
+        seq.request.handle.proposed_tokens += len(draft)
         return draft
 
     def _draft_proposals(self, decoding: list[_Sequence]) -> list[list[int]]:
@@ -588,6 +597,8 @@ class Engine:
             for i, row in zip(active, logits):  # the request's logit_bias too: it often decides the choice
                 drafts[i].append(int(np.argmax(apply_logit_bias(row, decoding[i].request.params.logit_bias))))
         self.stats.spec_draft_tokens += sum(map(len, drafts))
+        for seq, draft in zip(decoding, drafts):
+            seq.request.handle.proposed_tokens += len(draft)
         return drafts
 
     def _draft_cost(self, sequences: int) -> float:
@@ -630,6 +641,7 @@ class Engine:
         if seq.proposals is not None:
             seq.proposals.update(len(draft), accepted)
             self.stats.spec_accepted_tokens += accepted
+            seq.request.handle.accepted_tokens += accepted
             if seq.drafter is not None and draft:
                 self._draft_rate = learned_rate(self._draft_rate, len(draft), accepted)
         if seq.drafter is not None:  # the draft read seq.last and the draft but its last: keep what was accepted

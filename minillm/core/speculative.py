@@ -27,6 +27,7 @@ every PROBE_STEPS steps keeps the estimate honest, so open-ended text costs next
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import Sequence
 
 NGRAM_MIN = 2  # away from the copy point a single repeated token predicts too little
 NEAR_BEHIND, NEAR_AHEAD = 2, 16  # how far from the copy point an occurrence counts as near it
@@ -145,15 +146,18 @@ class PromptLookup:
     """One sequence's n-gram index over its prompt and output, its copy point and what it has
     learned of its matches."""
 
-    def __init__(self, tokens: list[int], most: int, ngram: int):
+    def __init__(self, tokens: list[int], most: int, ngram: int, prediction: Sequence[int] = ()):
+        """prediction: text the reply is expected to copy (OpenAI's predicted outputs), indexed
+        before the prompt, with the copy point at its start."""
         self.most = most
         self.ngram = max(ngram, NGRAM_MIN)
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where its occurrences end, in order
-        self._copy_point: int | None = None  # where the next token would be, were the copy to go on
+        self._copy_point: int | None = 0 if prediction else None  # where the next token would be, were the copy to go on
         self._rates: dict[tuple[bool, int], float] = {}  # (near the copy point, agreement class) -> kept rate
         self._pending: tuple[int, tuple[bool, int]] | None = None  # the proposal awaiting update()
         self._idle = 0  # steps with a match but no proposal
+        self.extend(prediction)
         self.extend(tokens)
 
     def extend(self, tokens) -> None:

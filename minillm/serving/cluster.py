@@ -65,8 +65,9 @@ class EngineReplica:
 
     async def generate(self, spec: dict):
         """A request's stream: ("start", replica, pid), ("event", token, logprob, top_logprobs)..., then
-        ("end", finish_reason, cached_tokens, stats) or ("error", kind, message, param); a scored
-        prompt's ("prompt", [(token, logprob, top_logprobs), ...]) before its first event or end."""
+        ("end", finish_reason, cached_tokens, stats, (proposed, accepted)) or ("error", kind, message,
+        param); a scored prompt's ("prompt", [(token, logprob, top_logprobs), ...]) before its first
+        event or end."""
         yield ("start", self.replica, os.getpid())
         llm = self.llm
         try:
@@ -74,7 +75,7 @@ class EngineReplica:
             handle = llm.engine.submit(
                 spec["prompt"], spec["params"], spec["max_tokens"], spec["stop_ids"], spec["logprobs"],
                 loop=asyncio.get_running_loop(), fit_max_tokens=spec["fit_max_tokens"], constraint=constraint,
-                prompt_logprobs=spec.get("prompt_logprobs"),
+                prompt_logprobs=spec.get("prompt_logprobs"), prediction=spec.get("prediction") or (),
             )
             scored = False  # a scored prompt's events go first (the engine sets them before any other)
             async for event in handle.events():
@@ -84,7 +85,7 @@ class EngineReplica:
                 yield ("event", event.token, event.logprob, event.top_logprobs)
             if not scored and handle.prompt_logprobs is not None:  # max_tokens 0: scored only
                 yield _prompt_item(handle)
-            yield ("end", handle.finish_reason, handle.cached_tokens, self.stats())
+            yield ("end", handle.finish_reason, handle.cached_tokens, self.stats(), (handle.proposed_tokens, handle.accepted_tokens))
         except MiniLLMError as e:
             yield ("error", type(e).__name__, str(e), getattr(e, "param", None))
 
@@ -146,7 +147,7 @@ class RemoteEngine:
         self.replica_errors = 0
 
     def submit(self, prompt, params, max_tokens=None, stop_ids=(), logprobs=None, loop=None, fit_max_tokens=False, constraint=None,
-               prompt_logprobs=None):
+               prompt_logprobs=None, prediction=()):
         prompt = [int(t) for t in prompt]
         check_prompt(prompt, self.vocab_size, self.ctx, max_tokens if fit_max_tokens else None)
         if max_tokens is None:
@@ -157,7 +158,7 @@ class RemoteEngine:
         handle.prompt_tokens = len(prompt)
         spec = {"prompt": prompt, "params": params, "max_tokens": max_tokens, "stop_ids": list(stop_ids), "logprobs": logprobs,
                 "fit_max_tokens": fit_max_tokens, "grammar": constraint.grammar if constraint is not None else None,
-                "prompt_logprobs": prompt_logprobs}
+                "prompt_logprobs": prompt_logprobs, "prediction": list(prediction)}
         self.in_flight += 1
         handle.task = asyncio.get_running_loop().create_task(self._relay(spec, handle))
         return handle
@@ -180,6 +181,7 @@ class RemoteEngine:
                 elif kind == "end":
                     handle.cached_tokens = item[2]
                     self.reports[replica] = item[3]
+                    handle.proposed_tokens, handle.accepted_tokens = item[4]
                     handle.finish(item[1])
                 else:
                     handle.deliver(_remote_error(item[1], item[2], item[3]))

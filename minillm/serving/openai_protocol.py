@@ -63,6 +63,7 @@ class SamplingRequest(StrictModel):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    prediction: dict | None = None  # OpenAI's predicted outputs: {"type": "content", "content": text or text parts}
     grammar: str | dict | None = None  # extension: GBNF, or {"type": "lark" | "gbnf" | "regex", "grammar": str}
 
     def sampling(self) -> SamplingParams:
@@ -100,6 +101,19 @@ class SamplingRequest(StrictModel):
 
     def check_supported(self) -> None:
         """A 400 naming the field for an OpenAI field whose value minillm cannot honour."""
+
+    def predicted_text(self) -> str | None:
+        """prediction's text, checked."""
+        p = self.prediction
+        if p is None:
+            return None
+        content = p.get("content")
+        if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                                             for part in content):
+            content = "".join(part["text"] for part in content)
+        if p.get("type") != "content" or not isinstance(content, str):
+            raise APIError(400, 'prediction must be {"type": "content", "content": text or a list of text parts}', param="prediction")
+        return content
 
     @property
     def candidates(self) -> int:
@@ -314,10 +328,15 @@ def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": usage_block}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """Token counts; cached_tokens: prompt tokens served from the prefix cache."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, prediction: tuple[int, int] | None = None) -> dict:
+    """Token counts; cached_tokens: prompt tokens served from the prefix cache; prediction: the
+    predicted tokens proposed and accepted, when a prediction was given."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
+              "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if prediction is not None:
+        proposed, accepted = prediction
+        counts["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": proposed - accepted}
+    return counts
 
 
 def embedding_list(vectors, model: str, prompt_tokens: int, encoding_format: str) -> dict:

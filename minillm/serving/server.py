@@ -171,9 +171,6 @@ class Generation:
             raise engine_error(e) from None
         return "".join(text), events
 
-    def usage(self, completion_tokens: int) -> dict:
-        return oai.usage(self.prompt_tokens, completion_tokens, self.handle.cached_tokens)
-
     def finish_reason(self) -> str:
         if self.assembler.stopped or self.handle.finish_reason == "stop":
             return "stop"
@@ -184,17 +181,23 @@ class Choices:
     """The generations of one request: n samples of each of its prompts (later ones reuse their
     prompt's cached blocks), under one id, as choices by index (prompt by prompt)."""
 
-    def __init__(self, gens: list[Generation], firsts: list[Generation] | None = None):
+    def __init__(self, gens: list[Generation], firsts: list[Generation] | None = None, predicted: bool = False):
         self.gens = gens
         self.firsts = firsts or gens[:1]  # each prompt's first choice
+        self.predicted = predicted
         self.id, self.created, self.model = gens[0].id, gens[0].created, gens[0].model
 
     def response(self, kind: str, choices: list[dict]) -> dict:
         return oai.response_object(self.id, kind, self.created, self.model, choices)
 
     def usage(self, completion_tokens: int) -> dict:
-        """Each prompt counted once, as OpenAI counts them for n > 1."""
-        return oai.usage(sum(g.prompt_tokens for g in self.firsts), completion_tokens, sum(g.handle.cached_tokens for g in self.firsts))
+        """Each prompt counted once, as OpenAI counts them for n > 1; with a prediction, what
+        became of its proposed tokens."""
+        prediction = None
+        if self.predicted:
+            prediction = (sum(g.handle.proposed_tokens for g in self.gens), sum(g.handle.accepted_tokens for g in self.gens))
+        return oai.usage(sum(g.prompt_tokens for g in self.firsts), completion_tokens, sum(g.handle.cached_tokens for g in self.firsts),
+                         prediction)
 
     async def collect(self) -> list[tuple[Generation, tuple[str, list[TokenEvent]]]]:
         results = await asyncio.gather(*(gen.collect() for gen in self.gens))
@@ -299,6 +302,7 @@ class Prepared:
 
     def __init__(self, prompt_ids: list[int], plans: list[tuple], tools: ChatTools | None = None):
         self.prompt_ids, self.plans, self.tools = prompt_ids, plans, tools
+        self.prediction: list[int] | None = None  # the tokens of the request's predicted output
         self.echo = ""  # completions' echo: the prompt's text, which the choices' text starts with
 
 
@@ -368,6 +372,7 @@ class Service:
         for prompt in body.prompts():
             prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
             prepared = Prepared(prompt_ids, self.plans(body))
+            prepared.prediction = self.prediction(body)
             if body.echo:
                 prepared.echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt_ids)
             batch.append(prepared)
@@ -381,7 +386,13 @@ class Service:
             prompt_ids = self.tokenizer.encode_chat(tools.messages(messages), tools=tools.template_tools)
         except MiniLLMError as e:
             raise APIError(400, str(e), param="messages") from None
-        return Prepared(prompt_ids, self.plans(body, tools.grammar), tools)
+        prepared = Prepared(prompt_ids, self.plans(body, tools.grammar), tools)
+        prepared.prediction = self.prediction(body)
+        return prepared
+
+    def prediction(self, body: SamplingRequest) -> list[int] | None:
+        text = body.predicted_text()
+        return None if text is None else self.encode(text, "prediction", add_special_tokens=False)
 
     def plans(self, body: SamplingRequest, tool_grammar: str | None = None) -> list[tuple]:
         """(sampling settings, constraint) of each of the body.candidates choices (seeds seed, seed +
@@ -422,22 +433,22 @@ class Service:
         try:
             for one in prepared if isinstance(prepared, list) else [prepared]:
                 for k, (params, constraint) in enumerate(one.plans):
-                    gens.append(self.start(one.prompt_ids, body, id_prefix, params, constraint))
+                    gens.append(self.start(one.prompt_ids, body, id_prefix, params, constraint, one.prediction or ()))
                     if k == 0:
                         firsts.append(gens[-1])
         except APIError:
             for gen in gens:
                 gen.handle.cancel()
             raise
-        return Choices(gens, firsts)
+        return Choices(gens, firsts, predicted=body.prediction is not None)
 
-    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint) -> Generation:
+    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint, prediction=()) -> Generation:
         assembler = TextAssembler(self.tokenizer, body.stops())
         try:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
                 body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True, constraint=constraint,
-                prompt_logprobs=body.prompt_logprobs,
+                prompt_logprobs=body.prompt_logprobs, prediction=prediction,
             )
         except QueueFullError as e:
             raise queue_full(e) from None
