@@ -515,29 +515,32 @@ class Engine:
         if self.draft is not None and chunks:
             self._draft_read([s for s, _, _, _ in chunks])  # before a finished prompt's first token starts its proposals
         for s, first, n, at in chunks:
-            if s.request.embedding and hidden is not None:
-                s.normed[s.read - n : s.read] = hidden[-1, first : first + n]
-            if s.scored is not None:
-                self._score_prompt(s, logits[at : at + n], s.read - n)
-                at += n - 1  # the prompt's last row, when this chunk ends it
-            if s.prefilling:
-                continue
-            self.stats.prompt_tokens += len(s.request.prompt) - s.request.handle.cached_tokens
-            if s.request.embedding:
-                self._end_embedding(s)
-                keep.discard(id(s))
-                continue
-            self.prefix.store(s.request.prompt, s.cache)  # for requests that share this prompt, even now
-            self.model.release_outside_windows(s.cache)
-            if s.scored is not None:
-                s.request.handle.prompt_logprobs, s.scored = s.scored, None
-                if s.request.max_tokens == 0:  # scored, nothing to generate
-                    keep.discard(id(s))
-                    self._end(s, "length")
-                    continue
-            if not self._advance_or_fail(s, logits[at]):
+            if not self._read_prompt_rows(s, first, n, logits, at, hidden):
                 keep.discard(id(s))
         self._running = [s for s in self._running if id(s) in keep]
+
+    def _read_prompt_rows(self, s: _Sequence, first: int, n: int, logits: np.ndarray, at: int, hidden: np.ndarray | None) -> bool:
+        """After a step that read n prompt rows of `s` (its rows from `first`, its logits from row
+        `at`): what they give (an embedding's outputs, a scored prompt's logprobs) and, when the
+        prompt is done, its first token. False when the sequence is done."""
+        if s.request.embedding and hidden is not None:
+            s.normed[s.read - n : s.read] = hidden[-1, first : first + n]
+        if s.scored is not None:
+            self._score_prompt(s, logits[at : at + n], s.read - n)
+            at += n - 1  # the prompt's last row, when this chunk ends it
+        if s.prefilling:
+            return True
+        self.stats.prompt_tokens += len(s.request.prompt) - s.request.handle.cached_tokens
+        if s.request.embedding:
+            self._end_embedding(s)
+            return False
+        self.prefix.store(s.request.prompt, s.cache)  # for requests that share this prompt, even now
+        self.model.release_outside_windows(s.cache)
+        if s.scored is not None:
+            s.request.handle.prompt_logprobs, s.scored = s.scored, None
+            if s.request.max_tokens == 0:  # scored, nothing to generate
+                return self._end(s, "length")
+        return self._advance_or_fail(s, logits[at])
 
     def _score_prompt(self, seq: _Sequence, logits: np.ndarray, start: int) -> None:
         """The prompt's own tokens scored by the logits of the rows before them (rows from prompt

@@ -563,6 +563,13 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         service.require_ready()
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
+    _add_tokenizer_routes(app, service)
+    _add_embeddings_route(app, service)
+
+
+def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
+    """llama.cpp's /tokenize and /detokenize (which take vLLM's shapes too), vLLM's /tokenizer_info."""
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await service.parse(request, TokenizeRequest)
@@ -593,6 +600,10 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
         t = service.tokenizer
         return {"bos_token": t.bos_token, "eos_token": t.eos_token, "pad_token": None, "chat_template": t.chat_template,
                 "model_max_length": service.ctx, "add_bos_token": t.add_bos}
+
+
+def _add_embeddings_route(app: FastAPI, service: Service) -> None:
+    model_name = service.model_name
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -655,8 +666,8 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
         prompt_of = lambda i: batch[i // body.candidates]
 
         def logprobs(i: int, gen: Generation, events: list[TokenEvent], offset: int, echoed: bool) -> dict | None:
-            """Of the generated events, their text from `offset`; echoed: the prompt's first (with
-            echo, a scored prompt's tokens come first, the first one without a logprob)."""
+            """Choice i's logprobs, None unless asked for: its generated `events`, whose text starts at
+            character `offset`; echoed: after the scored prompt's (its first token has none)."""
             if body.logprobs is None:
                 return None
             if not echoed:
@@ -691,11 +702,13 @@ def _best_of(results: list, candidates: int, n: int) -> list[tuple[int, tuple]]:
     highest sum of their tokens' logprobs, as vLLM ranks best_of; ties by index), in index order."""
     if candidates == n:
         return list(enumerate(results))
-    kept = []
+    def rank(item):
+        index, (_, (_, events)) = item
+        return -sum(e.logprob for e in events), index
+
+    indexed, kept = list(enumerate(results)), []
     for start in range(0, len(results), candidates):
-        group = list(enumerate(results))[start : start + candidates]
-        likeliest = sorted(group, key=lambda item: (-sum(e.logprob for e in item[1][1][1]), item[0]))[:n]
-        kept += sorted(likeliest, key=lambda item: item[0])
+        kept += sorted(sorted(indexed[start : start + candidates], key=rank)[:n])
     return kept
 
 
