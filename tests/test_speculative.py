@@ -134,8 +134,8 @@ def test_max_tokens_and_context_bound_the_proposals(model, draft, mode):
 def test_a_prediction_never_changes_a_token(model, draft, name):
     """A per-request prediction (OpenAI's predicted outputs) on an engine without speculation:
     the same tokens and logprobs whether the prediction is the reply, half of it or unrelated; the
-    reply itself takes fewer steps than tokens and counts what it proposed and kept. An engine
-    with a draft model keeps its draft."""
+    reply itself takes fewer steps than tokens and counts what it proposed and kept. On an engine
+    with a draft model the prediction proposes for its request instead."""
     params = next(c[1] for c in CASES if c[0] == name)
     rng = np.random.default_rng(9)
     prompt = rng.integers(0, VOCAB, size=30).tolist()
@@ -151,7 +151,7 @@ def test_a_prediction_never_changes_a_token(model, draft, name):
     drafting = speculating("draft", model, draft, max_batch=1)
     assert run(drafting, prompt, 60, params) == (expected, reason)
     handle = drafting.submit(prompt, params, 60, prediction=reply)
-    assert [e.token for e in handle] == reply
+    assert [e.token for e in handle] == reply and handle.accepted_tokens >= len(reply) // 2
 
 
 def test_lookup_proposes_what_followed_the_latest_occurrence():

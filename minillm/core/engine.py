@@ -295,8 +295,8 @@ class Engine:
         the first, with that many alternatives; max_tokens may then be 0 (score only). Such a
         prompt is computed whole, not read from the prefix cache.
         prediction: tokens the reply is expected to copy (OpenAI's predicted outputs): prompt lookup
-        proposes from them (before the prompt) unless a draft model proposes; the tokens are the
-        same either way, only their steps fewer.
+        proposes from them (before the prompt), for this request in place of any draft model; the
+        tokens are the same either way, only their steps fewer.
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx
@@ -429,7 +429,7 @@ class Engine:
                 seq.scored = []
             if request.embedding:
                 seq.normed = np.empty((len(request.prompt), self.model.config.hidden_size), np.float32)
-            elif self.speculative == "ngram" or (request.prediction and self.draft is None):
+            elif self.speculative == "ngram" or request.prediction:  # a prediction is this request's proposer
                 seq.lookup = PromptLookup(request.prompt, self.spec_tokens, self.spec_ngram, request.prediction)
             elif self.draft is not None:
                 pool = self.draft_pool
@@ -458,12 +458,12 @@ class Engine:
         up to the step's share."""
         decoding = [s for s in self._running if not s.prefilling]
         tokens, positions, slots, logit_rows = [], [], [], []
-        if self.draft is not None:
-            drafts = self._draft_proposals(decoding)
-        else:
-            cost = self._row_cost.of(len(decoding))
-            drafts = [self._lookup_proposal(s, cost) for s in decoding]
+        drafts = self._draft_proposals(decoding) if self.draft is not None else [[] for _ in decoding]
+        cost = self._row_cost.of(len(decoding))  # prompt lookup weighs its tokens at a checked row's cost
+        drafts = [s.lookup.propose(self._room(s), cost) if s.lookup is not None else draft for s, draft in zip(decoding, drafts)]
         for s, draft in zip(decoding, drafts):
+            self.stats.spec_draft_tokens += len(draft)
+            s.request.handle.proposed_tokens += len(draft)
             for i, token in enumerate([s.last, *draft]):
                 logit_rows.append(len(tokens))
                 tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
@@ -556,16 +556,6 @@ class Engine:
         (each accepted one is emitted)."""
         return min(seq.cache.ctx - seq.cache.length - 1, seq.request.max_tokens - len(seq.generated) - 1)
 
-    def _lookup_proposal(self, seq: _Sequence, cost: float) -> list[int]:
-        """Prompt lookup's tokens to run after seq.last, weighed at a checked row's cost; none
-        without speculation."""
-        if seq.lookup is None:
-            return []
-        draft = seq.lookup.propose(self._room(seq), cost)
-        self.stats.spec_draft_tokens += len(draft)
-        seq.request.handle.proposed_tokens += len(draft)
-        return draft
-
     def _draft_proposals(self, decoding: list[_Sequence]) -> list[list[int]]:
         """The draft model's greedy tokens after each sequence's last one, as many as each one's
         proposal length: a first draft step reads what the draft has not seen of each sequence
@@ -599,9 +589,6 @@ class Engine:
                 self._draft_seconds = seconds if d is None else (1 - TIMING_WEIGHT) * d + TIMING_WEIGHT * seconds
             for i, row in zip(active, logits):  # the request's logit_bias too: it often decides the choice
                 drafts[i].append(int(np.argmax(apply_logit_bias(row, decoding[i].request.params.logit_bias))))
-        self.stats.spec_draft_tokens += sum(map(len, drafts))
-        for seq, draft in zip(decoding, drafts):
-            seq.request.handle.proposed_tokens += len(draft)
         return drafts
 
     def _draft_cost(self, sequences: int) -> float:

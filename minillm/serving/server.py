@@ -368,11 +368,11 @@ class Service:
 
     def prepare_completion(self, body: CompletionRequest) -> list[Prepared]:
         """One Prepared per prompt; with echo, each keeps the text it echoes."""
-        batch = []
+        batch, prediction = [], self.prediction(body)
         for prompt in body.prompts():
             prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
             prepared = Prepared(prompt_ids, self.plans(body))
-            prepared.prediction = self.prediction(body)
+            prepared.prediction = prediction
             if body.echo:
                 prepared.echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt_ids)
             batch.append(prepared)
@@ -702,6 +702,7 @@ def _best_of(results: list, candidates: int, n: int) -> list[tuple[int, tuple]]:
     highest sum of their tokens' logprobs, as vLLM ranks best_of; ties by index), in index order."""
     if candidates == n:
         return list(enumerate(results))
+
     def rank(item):
         index, (_, (_, events)) = item
         return -sum(e.logprob for e in events), index
