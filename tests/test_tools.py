@@ -123,6 +123,21 @@ def test_a_template_without_tools_gets_the_generic_format(default_model_dir):
             t["function"]["name"] for t in TOOLS}
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    from types import SimpleNamespace
+
+    from minillm.serving.openai_protocol import ChatRequest
+    from minillm.serving.server import ChatTools
+
+    service = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{{ tools }} <tool_call>", supports_tools=True))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    reply = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": {"a": 2}}\n</tool_call>'
+    for parallel, expected in ((True, [{"a": 1}, {"a": 2}]), (False, [{"a": 1}])):
+        body = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, parallel_tool_calls=parallel)
+        _, calls = ChatTools(service, body).parse(reply)
+        assert [c.arguments for c in calls] == expected
+
+
 def test_parsing_each_format():
     functions = {"f": {"type": "object"}}
     assert template_format("... <tool_call> ...") == "hermes" and template_format("[TOOL_CALLS]") == "mistral"

@@ -264,6 +264,7 @@ class ChatTools:
 
     def __init__(self, service: "Service", body: ChatRequest):
         self.active = bool(body.tools) and body.tool_choice != "none"
+        self.most = None if body.parallel_tool_calls else 1  # calls a reply may make (OpenAI's parallel_tool_calls)
         self.template_tools, self.grammar, self.functions, self.system = None, None, {}, None
         if not body.tools:
             if body.tool_choice not in (None, "none", "auto"):
@@ -293,7 +294,9 @@ class ChatTools:
         return template_messages(messages)
 
     def parse(self, text: str):
-        return parse_tool_calls(text, self.format, self.functions)
+        """The reply's content and its calls: with parallel_tool_calls false, the first call only."""
+        content, calls = parse_tool_calls(text, self.format, self.functions)
+        return content, calls[: self.most]
 
 
 class Prepared:
