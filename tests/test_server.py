@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, driven by the official `openai` client over loopback."""
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -427,6 +428,17 @@ def test_fields_that_cannot_be_honoured_are_400(server, body, param):
     response = httpx.post(server + "/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_fields_outside_the_schema_are_accepted_and_named_in_the_log_once(client, caplog):
+    """OpenAI's store and metadata, or a misspelt field: accepted (as vLLM does), and named once."""
+    with caplog.at_level(logging.WARNING, logger="minillm.server"):
+        for _ in range(2):
+            reply = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                                   store=True, metadata={"team": "a"}, extra_body={"tempreture_x": 0.5})
+            assert reply.choices[0].finish_reason == "length"
+    named = [r.getMessage() for r in caplog.records if r.name == "minillm.server" and "tempreture_x" in r.getMessage()]
+    assert len(named) == 1 and "accepted, ignored" in named[0]
 
 
 def test_logit_bias_and_echo(client, llm):

@@ -157,3 +157,38 @@ def test_parsing_each_format():
     for choice in ({"function": "x"}, {"function": {"name": ["f"]}}, {"type": "function"}, "sometimes", 3):
         with pytest.raises(StructuredOutputError):  # a 400 naming tool_choice, never a crash (found by tests/test_fuzz.py)
             forced_names(functions, choice)
+
+
+def test_the_deprecated_functions_form_reads_as_tools(client):
+    """Older clients send functions and function_call and read message.function_call back: the same
+    call as tools with a named tool_choice, one call a reply, its result as a role "function" message."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    functions = [t["function"] for t in TOOLS]
+    as_tools = client.chat.completions.create(model="tools", messages=messages, tools=TOOLS, tool_choice=named, max_tokens=60, temperature=0)
+    reply = client.chat.completions.create(model="tools", messages=messages, functions=functions, function_call={"name": "get_weather"},
+                                           max_tokens=60, temperature=0)
+    choice, call = reply.choices[0], as_tools.choices[0].message.tool_calls[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    assert (choice.message.function_call.name, choice.message.function_call.arguments) == (call.function.name, call.function.arguments)
+    streamed = list(client.chat.completions.create(model="tools", messages=messages, functions=functions,
+                                                   function_call={"name": "get_weather"}, max_tokens=60, temperature=0, stream=True))
+    deltas = [c.choices[0].delta.function_call for c in streamed if c.choices and c.choices[0].delta.function_call]
+    assert [(d.name, d.arguments) for d in deltas] == [(call.function.name, call.function.arguments)]
+    assert streamed[-1].choices[0].finish_reason == "function_call"
+    # the history in that form renders as the tools form's does, and the next turn completes
+    legacy = messages + [choice.message.model_dump(exclude_none=True),
+                         {"role": "function", "name": "get_weather", "content": json.dumps({"celsius": 21})}]
+    final = client.chat.completions.create(model="tools", messages=legacy, functions=functions, function_call="none", max_tokens=30, temperature=0)
+    modern = messages + [as_tools.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 21})}]
+    expected = client.chat.completions.create(model="tools", messages=modern, tools=TOOLS, tool_choice="none", max_tokens=30, temperature=0)
+    assert final.choices[0].message.content == expected.choices[0].message.content
+    assert final.usage.prompt_tokens == expected.usage.prompt_tokens
+    for bad, param in (({"tools": TOOLS, "functions": functions}, "functions"), ({"function_call": "auto"}, "function_call"),
+                       ({"functions": functions, "function_call": {"name": "nope"}}, "function_call"),
+                       ({"functions": [{"description": "no name"}]}, "functions[0]"),
+                       ({"functions": [{"name": "f", "parameters": 3}]}, "functions[0].parameters")):
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model="tools", messages=messages, max_tokens=5, **bad)
+        assert error.value.body["param"] == param, error.value.body

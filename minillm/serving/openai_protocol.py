@@ -180,11 +180,12 @@ class TextPart(StrictModel):
 
 
 class Message(StrictModel):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: Union[str, list[TextPart], None] = None
     tool_calls: list[dict] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool result's call
     name: str | None = None
+    function_call: dict | None = None  # an earlier call in the deprecated functions form (its result: role "function")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -201,21 +202,50 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     parallel_tool_calls: bool = True
+    # OpenAI's deprecated form of tools, still sent by older clients: read as tools, one call a reply
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
     modalities: list[str] | None = None
     audio: dict | None = None
 
     def check_supported(self) -> None:
         if self.audio is not None or any(m != "text" for m in self.modalities or ()):
             raise APIError(400, "modalities: this server answers in text only", param="modalities" if self.modalities else "audio")
+        if self.functions is not None and self.tools is not None:
+            raise APIError(400, "functions: give tools or functions (deprecated), not both", param="functions")
+        if self.function_call is not None and self.functions is None:
+            raise APIError(400, "function_call needs functions", param="function_call")
+        for i, function in enumerate(self.functions or ()):
+            if not isinstance(function.get("name"), str):
+                raise APIError(400, f"functions[{i}] must be {{\"name\": ..., \"parameters\": {{...}}}}", param=f"functions[{i}]")
+        if isinstance(self.function_call, dict) and not isinstance(self.function_call.get("name"), str):
+            raise APIError(400, 'function_call must be "none", "auto" or {"name": ...}', param="function_call")
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self.functions is not None
+
+    def tool_request(self) -> tuple[list[dict] | None, str | dict | None, bool]:
+        """(tools, tool_choice, parallel_tool_calls), the deprecated functions and function_call read as them."""
+        if not self.legacy_functions:
+            return self.tools, self.tool_choice, self.parallel_tool_calls
+        choice = {"type": "function", "function": self.function_call} if isinstance(self.function_call, dict) else self.function_call
+        return [{"type": "function", "function": f} for f in self.functions], choice, False
 
     def chat_messages(self) -> list[dict]:
-        """Messages as chat templates take them (tool calls and results kept)."""
-        out = []
+        """Messages as chat templates take them (tool calls and results kept; the deprecated
+        function_call and role "function" as a tool call and its result)."""
+        out, last_call = [], None
         for m in self.messages:
-            message = {"role": m.role, "content": None if m.tool_calls and m.content is None else m.text()}
+            message = {"role": m.role, "content": None if (m.tool_calls or m.function_call) and m.content is None else m.text()}
             for key in ("tool_calls", "tool_call_id", "name"):
                 if getattr(m, key) is not None:
                     message[key] = getattr(m, key)
+            if m.function_call is not None:
+                last_call = f"call_{len(out)}"
+                message["tool_calls"] = [{"id": last_call, "type": "function", "function": m.function_call}]
+            if m.role == "function":
+                message.update(role="tool", tool_call_id=last_call)
             out.append(message)
         return out
 
@@ -310,10 +340,9 @@ def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logpro
     return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-def chat_message_choice(index: int, text: str | None, finish_reason: str, logprobs: dict | None, tool_calls: list[dict] | None = None) -> dict:
-    message = {"role": "assistant", "content": text}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
+def chat_message_choice(index: int, text: str | None, finish_reason: str, logprobs: dict | None, calls: dict | None = None) -> dict:
+    """`calls`: the message's tool_calls (or deprecated function_call) field, if it makes any."""
+    message = dict({"role": "assistant", "content": text}, **(calls or {}))
     return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}
 
 

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import gc
 import json
+import logging
 import re
 import time
 import uuid
@@ -58,6 +59,8 @@ CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
 RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # JSON's way to write half of a UTF-16 pair
 T = TypeVar("T")
+MAX_NAMED_IGNORED = 100  # field names the log names once each; past that, no more (a client sending random names)
+log = logging.getLogger("minillm.server")
 
 
 def engine_error(e: MiniLLMError) -> APIError:
@@ -263,29 +266,44 @@ class ChatTools:
     the generic format: described in a system message, every reply constrained to a call or an answer."""
 
     def __init__(self, service: "Service", body: ChatRequest):
-        self.active = bool(body.tools) and body.tool_choice != "none"
-        self.most = None if body.parallel_tool_calls else 1  # calls a reply may make (OpenAI's parallel_tool_calls)
+        tools, tool_choice, parallel = body.tool_request()
+        self.legacy = body.legacy_functions  # replies carry function_call, not tool_calls
+        self.active = bool(tools) and tool_choice != "none"
+        self.most = None if parallel else 1  # calls a reply may make (OpenAI's parallel_tool_calls)
         self.template_tools, self.grammar, self.functions, self.system = None, None, {}, None
-        if not body.tools:
-            if body.tool_choice not in (None, "none", "auto"):
+        if not tools:
+            if tool_choice not in (None, "none", "auto"):
                 raise APIError(400, "tool_choice needs tools", param="tool_choice")
             return
         tokenizer = service.tokenizer
         try:
-            self.functions = check_tools(body.tools)
+            self.functions = check_tools(tools)
             self.format = template_format(tokenizer.chat_template) if tokenizer.supports_tools else "generic"
-            forced = forced_names(self.functions, body.tool_choice)
+            forced = forced_names(self.functions, tool_choice)
         except StructuredOutputError as e:
-            raise APIError(400, str(e), param=e.param) from None
+            raise self._error(str(e), e.param) from None
         if not self.active:
             return
         if self.format == "generic":
-            self.system = generic_system_text(body.tools, forced)
+            self.system = generic_system_text(tools, forced)
             self.grammar = call_grammar(self.functions, forced or list(self.functions), "generic", may_answer=forced is None)
         else:
-            self.template_tools = body.tools
+            self.template_tools = tools
             if forced is not None:
                 self.grammar = call_grammar(self.functions, forced, self.format)
+
+    def _error(self, message: str, param: str | None) -> APIError:
+        """A 400 in the request's own terms (functions and function_call for the deprecated form)."""
+        if self.legacy:
+            for ours, theirs in (("tools[", "functions["), (".function.", "."), ("tool_choice", "function_call"), ("of tools", "of functions")):
+                message, param = message.replace(ours, theirs), param and param.replace(ours, theirs)
+        return APIError(400, message, param=param)
+
+    def reply_fields(self, calls: list, streamed: bool) -> tuple[dict, str]:
+        """A reply's calls as its message (or delta) fields, and its finish_reason."""
+        if self.legacy:
+            return {"function_call": calls[0].function_call()}, "function_call"
+        return {"tool_calls": [c.openai(k if streamed else None) for k, c in enumerate(calls)]}, "tool_calls"
 
     def messages(self, messages: list[dict]) -> list[dict]:
         """The chat as the template reads it."""
@@ -319,6 +337,7 @@ class Service:
         self.llm: LLM | None = None
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
+        self.ignored_fields: set[str] = set()
         if llm is not None:
             self.attach(llm)
 
@@ -350,7 +369,18 @@ class Service:
             if size > self.max_body_bytes:
                 raise APIError(413, too_large(self.max_body_bytes), code="body_too_large")
             chunks.append(chunk)
-        return await asyncio.to_thread(parse_body, b"".join(chunks), schema, self.ctx)
+        body = await asyncio.to_thread(parse_body, b"".join(chunks), schema, self.ctx)
+        self.note_ignored(body)
+        return body
+
+    def note_ignored(self, body) -> None:
+        """Fields outside the schema (OpenAI's store, metadata, user, service_tier; other servers'
+        extensions) are accepted, as vLLM accepts them, and named in the log once each, so a
+        misspelt field is seen rather than silently without effect."""
+        new = sorted(set(body.model_extra or ()) - self.ignored_fields)
+        if new and len(self.ignored_fields) < MAX_NAMED_IGNORED:
+            self.ignored_fields.update(new)
+            log.warning("request fields without effect on this server (accepted, ignored): %s", ", ".join(new))
 
     def check_prompt_text(self, text: str, param: str = "prompt") -> None:
         """Refuse text that cannot fit before spending time on tokenizing it."""
@@ -371,6 +401,7 @@ class Service:
 
     def prepare_completion(self, body: CompletionRequest) -> list[Prepared]:
         """One Prepared per prompt; with echo, each keeps the text it echoes."""
+        body.check_supported()
         batch, prediction = [], self.prediction(body)
         for prompt in body.prompts():
             prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
@@ -382,6 +413,7 @@ class Service:
         return batch
 
     def prepare_chat(self, body: ChatRequest) -> Prepared:
+        body.check_supported()
         messages = body.chat_messages()
         self.check_prompt_text("".join(m["content"] or "" for m in messages), "messages")
         tools = ChatTools(self, body)
@@ -401,7 +433,6 @@ class Service:
         """(sampling settings, constraint) of each of the body.candidates choices (seeds seed, seed +
         1, .., when a seed is given); every field checked, every grammar compiled, here."""
         vocab = self.llm.model.config.vocab_size
-        body.check_supported()
         try:
             params = body.sampling()
             bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
@@ -727,11 +758,10 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
 
         def reply(i: int, gen: Generation, text: str, events: list[TokenEvent], streamed: bool) -> dict:
             content, calls = tools.parse(text) if tools.active else (text, [])
-            reason = "tool_calls" if calls else gen.finish_reason()
+            fields, reason = tools.reply_fields(calls, streamed) if calls else (None, gen.finish_reason())
             if not streamed:
-                return oai.chat_message_choice(i, content, reason, logprobs(events), [c.openai() for c in calls])
-            delta = {"tool_calls": [c.openai(k) for k, c in enumerate(calls)]} if calls else {"content": content or ""}
-            return oai.chat_delta_choice(i, delta, reason, logprobs(events))
+                return oai.chat_message_choice(i, content, reason, logprobs(events), fields)
+            return oai.chat_delta_choice(i, fields or {"content": content or ""}, reason, logprobs(events))
 
         if body.stream:
             async def chunks(i: int, gen: Generation):

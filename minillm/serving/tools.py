@@ -47,6 +47,10 @@ class ToolCall:
         call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
         return call if index is None else dict(call, index=index)
 
+    def function_call(self) -> dict:
+        """The call in OpenAI's deprecated functions form."""
+        return {"name": self.name, "arguments": json.dumps(self.arguments)}
+
 
 def check_tools(tools: list[dict]) -> dict[str, dict]:
     """{name: parameters schema} of OpenAI `tools`; StructuredOutputError naming the field if malformed."""
