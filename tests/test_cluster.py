@@ -154,6 +154,12 @@ def test_several_prompts_and_choices_in_one_request_reach_the_replicas(client, r
                                           extra_body={"prediction": {"type": "content", "content": plain.choices[0].text}})
     assert predicted.choices[0].text == plain.choices[0].text
     assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    # the Responses API: the chat it reads as, through the replicas, and its store in the ingress
+    first = client.responses.create(model="m", input="Name a colour.", max_output_tokens=12, temperature=0)
+    assert first.output_text == reference.chat([{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0)
+    second = client.responses.create(model="m", input="Another?", previous_response_id=first.id, max_output_tokens=12, temperature=0)
+    assert second.output_text == reference.chat([{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": first.output_text},
+                                                 {"role": "user", "content": "Another?"}], max_tokens=12, temperature=0)
 
 
 def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(cluster, client):

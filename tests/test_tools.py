@@ -121,6 +121,13 @@ def test_a_template_without_tools_gets_the_generic_format(default_model_dir):
         choice = response.json()["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] in {
             t["function"]["name"] for t in TOOLS}
+        # the call and its result in the history, on a turn that offers no tools (or tool_choice none):
+        # written in the same JSON, not handed to a template that cannot read them (a 400 before)
+        call = choice["message"]["tool_calls"][0]
+        history = [{"role": "user", "content": "hi"}, choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "42"}]
+        for offer in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+            response = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": 8, "temperature": 0, **offer})
+            assert response.status_code == 200, response.text
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():

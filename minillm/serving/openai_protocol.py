@@ -12,7 +12,9 @@ from typing import Callable, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.engine import TokenEvent
+from ..core.engine import ShutdownError, TokenEvent
+from ..core.structured import StructuredOutputError
+from ..errors import MiniLLMError
 from ..core.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
@@ -32,6 +34,16 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def engine_error(e: MiniLLMError) -> APIError:
+    """An error the engine raised for a running request, as the client sees it."""
+    if isinstance(e, ShutdownError):
+        return APIError(503, str(e), type="service_unavailable", code="shutting_down")
+    if isinstance(e, StructuredOutputError):  # the request's grammar, not the server, failed
+        return APIError(400, str(e), param=e.param, code="grammar_failed")
+    return APIError(500, str(e).splitlines()[0] if str(e) else type(e).__name__, type="server_error")
+
 
 
 # ------------------------------------------------------------------ request schemas

@@ -49,7 +49,9 @@ from .openai_protocol import (
     EmbeddingRequest,
     SamplingRequest,
     TokenizeRequest,
+    engine_error,
 )
+from .responses import ResponseRun, ResponseStore, ResponsesRequest, in_request_terms
 from .gate import Gate, too_large
 from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, parse_tool_calls,
                     template_format, template_messages)
@@ -61,15 +63,6 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # JSON's way to write hal
 T = TypeVar("T")
 MAX_NAMED_IGNORED = 100  # field names the log names once each; past that, no more (a client sending random names)
 log = logging.getLogger("minillm.server")
-
-
-def engine_error(e: MiniLLMError) -> APIError:
-    """An error the engine raised for a running request, as the client sees it."""
-    if isinstance(e, ShutdownError):
-        return APIError(503, str(e), type="service_unavailable", code="shutting_down")
-    if isinstance(e, StructuredOutputError):  # the request's grammar, not the server, failed
-        return APIError(400, str(e), param=e.param, code="grammar_failed")
-    return APIError(500, str(e).splitlines()[0] if str(e) else type(e).__name__, type="server_error")
 
 
 def parse_body(raw: bytes, schema: type[T], ctx: int | None = None) -> T:
@@ -271,6 +264,9 @@ class ChatTools:
         self.active = bool(tools) and tool_choice != "none"
         self.most = None if parallel else 1  # calls a reply may make (OpenAI's parallel_tool_calls)
         self.template_tools, self.grammar, self.functions, self.system = None, None, {}, None
+        # a template that takes no tools reads earlier calls and results as the generic format's JSON,
+        # whether or not this turn offers tools
+        self.generic_history = not service.tokenizer.supports_tools
         if not tools:
             if tool_choice not in (None, "none", "auto"):
                 raise APIError(400, "tool_choice needs tools", param="tool_choice")
@@ -307,7 +303,7 @@ class ChatTools:
 
     def messages(self, messages: list[dict]) -> list[dict]:
         """The chat as the template reads it."""
-        if self.system is not None:
+        if self.generic_history:
             return generic_messages(messages, self.system)
         return template_messages(messages)
 
@@ -338,6 +334,7 @@ class Service:
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
         self.ignored_fields: set[str] = set()
+        self.responses = ResponseStore()  # the Responses API's stored responses (previous_response_id)
         if llm is not None:
             self.attach(llm)
 
@@ -560,6 +557,7 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, opt
     _add_service_routes(app, service)
     _add_completion_routes(app, service)
     _add_chat_route(app, service)
+    _add_responses_routes(app, service)
     return app
 
 
@@ -782,6 +780,43 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
         return dict(choices.response("chat.completion", [reply(i, gen, text, events, streamed=False)
                                                           for i, (gen, (text, events)) in enumerate(results)]),
                     usage=choices.usage(sum(len(events) for _, (_, events) in results)))
+
+
+def _add_responses_routes(app: FastAPI, service: Service) -> None:
+    """OpenAI's Responses API, run as a chat (minillm.serving.responses)."""
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        body = await service.parse(request, ResponsesRequest)
+        history = service.responses.conversation(body.previous_response_id)
+
+        def prepare():
+            try:
+                chat = body.chat_request(history)
+            except ValidationError as e:
+                raise validation_error(e.errors()) from None
+            return chat, service.prepare_chat(chat)
+
+        try:
+            chat, prepared = await asyncio.to_thread(prepare)
+            run = ResponseRun(body, service.start_choices(prepared, chat, "resp").gens[0], prepared.tools, history,
+                              service.model_name, service.token_text, service.responses)
+        except APIError as e:
+            raise in_request_terms(e) from None
+        if body.stream:
+            return StreamingResponse(run.events(), media_type="text/event-stream")
+        result = await until_disconnected(request, run.gen.collect())
+        return result if isinstance(result, Response) else run.finish(*result)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        service.require_ready()
+        return service.responses.get(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        service.require_ready()
+        return service.responses.delete(response_id)
 
 
 def _add_error_handlers(app: FastAPI, service: Service) -> None:

@@ -186,9 +186,9 @@ def generic_system_text(tools: list[dict], forced: list[str] | None) -> str:
     return f"You are a helpful assistant with access to these tools:\n{specs}\n{how} Reply with the JSON object only."
 
 
-def generic_messages(messages: list[dict], system: str) -> list[dict]:
-    """Chat messages for a template that takes no tools: the generic format's system text first,
-    earlier calls and their results written as the JSON the format uses."""
+def generic_messages(messages: list[dict], system: str | None) -> list[dict]:
+    """Chat messages for a template that takes no tools: the generic format's system text first
+    (when this turn offers tools), earlier calls and their results written as the JSON the format uses."""
     out = []
     for m in messages:
         m = dict(m)
@@ -199,6 +199,8 @@ def generic_messages(messages: list[dict], system: str) -> list[dict]:
         elif m.get("role") == "tool":
             m = {"role": "user", "content": json.dumps({"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m.get("content")}})}
         out.append(m)
+    if system is None:
+        return out
     if out and out[0].get("role") == "system":
         out[0] = dict(out[0], content=f"{out[0].get('content') or ''}\n\n{system}".strip())
     else:
