@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hf_tiny import VOCAB, make_checkpoint
 
-from minillm.core.engine import Engine, QueueFullError, ShutdownError
+from minillm.core.engine import Engine, QueueFullError, ShutdownError, token_logprobs
 from minillm.core.model import Model
 from minillm.core.prefix_cache import PrefixCache
 from minillm.core.sampling import SamplingParams
@@ -68,6 +68,22 @@ def test_embeddings_go_through_the_steps(model):
     list(stream)
     assert len(vector) == 1 and np.array_equal(vector[0], expected)
     assert engine.stats.embeddings == 1 and engine.stats.prefill_steps >= 200 // 16
+
+
+def test_token_logprobs_against_a_sort():
+    """The top alternatives are the likeliest by value, ties by index (-inf ones last), each with
+    its float64 log-softmax; the token's own the same."""
+    rng = np.random.default_rng(3)
+    for size, top in ((49152, 1), (49152, 5), (1000, 20), (7, 7), (5, 9)):
+        logits = rng.choice(np.linspace(-4, 4, 50), size).astype(np.float32)  # many ties
+        logits[rng.integers(0, size, 2)] = -np.inf
+        x = logits.astype(np.float64) - logits.max()
+        reference = x - np.log(np.exp(x).sum())
+        order = np.lexsort((np.arange(size), -reference))[:top]
+        token = int(rng.integers(0, size))
+        logprob, best = token_logprobs(logits, token, top)
+        assert logprob == reference[token] and best == tuple((int(i), float(reference[i])) for i in order)
+    assert token_logprobs(logits, 0, 0)[1] == ()
 
 
 def test_a_scored_prompt_gets_the_logprobs_generation_would(model):
