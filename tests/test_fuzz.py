@@ -75,9 +75,27 @@ chat = fuzzed({"messages": st.lists(message, min_size=1, max_size=4), "max_token
                "top_logprobs": st.integers(0, 5), "max_completion_tokens": st.integers(1, 3)})
 embeddings = fuzzed({"input": st.one_of(text, st.lists(text, min_size=1, max_size=3), token_ids, st.lists(token_ids, min_size=1, max_size=3))},
                     {"encoding_format": st.sampled_from(["float", "base64"]), "dimensions": st.integers(-1, 1000), "model": text})
+part = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image", "refusal", "x"]), "text": text})
+item = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "tool"]),
+                           "content": st.one_of(text, st.lists(part, max_size=3))},
+                          optional={"type": st.sampled_from(["message", "function_call", "reasoning", "item_reference"])}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": text, "name": st.sampled_from(["get_weather", "nope"]),
+                           "arguments": st.sampled_from(['{"city": "Oslo"}', "not json"])}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text, "output": st.one_of(text, st.lists(part, max_size=2))}))
+FLAT_TOOLS = [[dict(WEATHER["function"], type="function")], [], [{"type": "web_search"}], [{"type": "function", "name": "f", "parameters": "x"}],
+              [{"type": "function"}]]
+responses = fuzzed({"input": st.one_of(text, st.lists(item, min_size=1, max_size=4)), "max_output_tokens": st.integers(1, 3)},
+                   {**{k: v for k, v in SAMPLING.items() if k not in ("n", "response_format")}, "instructions": text,
+                    "tools": st.sampled_from(FLAT_TOOLS),
+                    "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "get_weather"}, {"type": "x"}]),
+                    "text": st.sampled_from([{"format": f} for f in RESPONSE_FORMATS[:3]]
+                                            + [{"format": dict(f["json_schema"], type="json_schema")} for f in RESPONSE_FORMATS[5:9]]),
+                    "include": st.just(["message.output_text.logprobs"]), "top_logprobs": st.integers(0, 5), "store": st.booleans(),
+                    "previous_response_id": text, "parallel_tool_calls": st.booleans(), "metadata": st.just({"k": "v"})})
 tokenize = fuzzed({"content": text}, {"add_special": st.booleans(), "with_pieces": st.booleans()})
 detokenize = fuzzed({"tokens": token_ids}, {})
-ENDPOINTS = {"/v1/completions": completion, "/v1/chat/completions": chat, "/v1/embeddings": embeddings, "/tokenize": tokenize,
+ENDPOINTS = {"/v1/completions": completion, "/v1/chat/completions": chat, "/v1/responses": responses, "/v1/embeddings": embeddings, "/tokenize": tokenize,
              "/detokenize": detokenize}
 # bodies that are not an object of the schema at all: raw bytes, other JSON values
 raw = st.one_of(st.binary(max_size=64), st.sampled_from([b"[]", b"null", b"1e999", b'"x"', b"[" * 5000, b'{"prompt": "\\ud800"']))
@@ -113,6 +131,7 @@ def check(http, path: str, content: bytes) -> None:
             if line.startswith("data: {"):
                 event = json.loads(line[6:])
                 assert event.get("error", {}).get("type") != "server_error", (path, content[:300], event)
+                assert not (event.get("type") == "error" and event.get("code") == "server_error"), (path, content[:300], event)
 
 
 @pytest.mark.parametrize("path", list(ENDPOINTS))

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union
 
 from pydantic import Field
 
@@ -33,6 +33,7 @@ class ResponsesRequest(SamplingRequest):
     """A Responses request. Beside its own fields it takes the chat's sampling extensions (seed,
     stop, top_k, penalties...), as vLLM's does."""
 
+    CONTEXT_LISTS: ClassVar[tuple[str, ...]] = ("input",)  # items each at least a token: refused past the context unread
     input: Union[str, list[dict]] = Field(...)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)

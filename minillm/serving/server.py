@@ -76,7 +76,7 @@ def parse_body(raw: bytes, schema: type[T], ctx: int | None = None) -> T:
         raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
-    for field in ("messages", "prompt"):
+    for field in getattr(schema, "CONTEXT_LISTS", ("messages", "prompt")):
         if ctx is not None and isinstance(data.get(field), list) and len(data[field]) > ctx:
             raise APIError(400, f"{field}: {len(data[field])} items cannot fit this model's context of {ctx} tokens",
                            param=field, code="context_length_exceeded")
