@@ -93,9 +93,25 @@ responses = fuzzed({"input": st.one_of(text, st.lists(item, min_size=1, max_size
                                             + [{"format": dict(f["json_schema"], type="json_schema")} for f in RESPONSE_FORMATS[5:9]]),
                     "include": st.just(["message.output_text.logprobs"]), "top_logprobs": st.integers(0, 5), "store": st.booleans(),
                     "previous_response_id": text, "parallel_tool_calls": st.booleans(), "metadata": st.just({"k": "v"})})
+block = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["text", "text", "text", "image", "thinking", "x"]), "text": text}),
+                  st.fixed_dictionaries({"type": st.just("tool_use"), "id": text, "name": st.sampled_from(["get_weather", "nope"]),
+                                         "input": st.sampled_from([{"city": "Oslo"}, {}, "x"])}),
+                  st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": text, "content": st.one_of(text, st.lists(junk, max_size=2))}))
+anthropic_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "user", "assistant", "system"]),
+                                           "content": st.one_of(text, text, st.lists(block, max_size=2))})
+messages = fuzzed({"messages": st.lists(anthropic_message, min_size=1, max_size=4), "max_tokens": st.integers(1, 3)},
+                  {**{k: v for k, v in SAMPLING.items() if k not in ("n", "response_format", "stop")},
+                   "system": st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)),
+                   "stop_sequences": st.lists(text, max_size=3), "tools": st.sampled_from(
+                       [[{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}], [], [{"type": "bash_20250124", "name": "bash"}],
+                        [{"name": "f", "input_schema": "x"}]]),
+                   "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}, {"type": "tool", "name": "get_weather"},
+                                                   {"type": "tool", "name": "nope"}, {"type": "x"}]),
+                   "output_config": st.sampled_from([{"format": {"type": "json_schema", "schema": sc}} for sc in SCHEMAS[:5]] + [{"format": 3}])})
 tokenize = fuzzed({"content": text}, {"add_special": st.booleans(), "with_pieces": st.booleans()})
 detokenize = fuzzed({"tokens": token_ids}, {})
-ENDPOINTS = {"/v1/completions": completion, "/v1/chat/completions": chat, "/v1/responses": responses, "/v1/embeddings": embeddings, "/tokenize": tokenize,
+ENDPOINTS = {"/v1/completions": completion, "/v1/chat/completions": chat, "/v1/responses": responses, "/v1/messages": messages,
+             "/v1/embeddings": embeddings, "/tokenize": tokenize,
              "/detokenize": detokenize}
 # bodies that are not an object of the schema at all: raw bytes, other JSON values
 raw = st.one_of(st.binary(max_size=64), st.sampled_from([b"[]", b"null", b"1e999", b'"x"', b"[" * 5000, b'{"prompt": "\\ud800"']))
@@ -124,14 +140,15 @@ def check(http, path: str, content: bytes) -> None:
     STATUS[path][response.status_code] += 1
     assert response.status_code < 500, (path, content[:300], response.text[:300])
     if response.status_code >= 400:
-        error = response.json()["error"]
+        error = response.json()["error"]  # OpenAI's shape, or Anthropic's on /v1/messages: {"type": "error", "error": {...}}
         assert error["message"] and "<state>" not in error["message"], error
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
         for line in response.text.splitlines():
             if line.startswith("data: {"):
                 event = json.loads(line[6:])
                 assert event.get("error", {}).get("type") != "server_error", (path, content[:300], event)
-                assert not (event.get("type") == "error" and event.get("code") == "server_error"), (path, content[:300], event)
+                assert not (event.get("type") == "error" and "server_error" in (event.get("code"), event.get("error", {}).get("type"))), \
+                    (path, content[:300], event)
 
 
 @pytest.mark.parametrize("path", list(ENDPOINTS))

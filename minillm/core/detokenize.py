@@ -52,6 +52,7 @@ class TextAssembler:
         self.stop = [s for s in stop if s]
         self.pending = ""
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text
 
     def push(self, token: int) -> str:
         """Text that became final with this token ('' if none). Sets `stopped` at a stop string."""
@@ -69,10 +70,11 @@ class TextAssembler:
         return text
 
     def _release(self, final: bool = False) -> str:
-        hits = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True
-            text, self.pending = self.pending[: min(hits)], ""
+            first, self.stop_string = min(hits, key=lambda hit: hit[0])
+            text, self.pending = self.pending[:first], ""
             return text
         keep = 0 if final else self._held_back(self.pending)
         text = self.pending[: len(self.pending) - keep]

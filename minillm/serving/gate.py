@@ -97,12 +97,13 @@ class Gate:
                 return await _refuse(send, 403, "cross-origin requests from this origin are not allowed (--allowed-origins)",
                                      "permission_error", "origin_not_allowed")
             return await _respond(send, 204, b"", cors + [(b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                                                          (b"access-control-allow-headers", b"authorization, content-type"),
+                                                          (b"access-control-allow-headers", b"authorization, content-type, x-api-key, anthropic-version"),
                                                           (b"access-control-max-age", b"600")])
         key = self.service.api_key
         if key is not None and protected(path):
             given = headers.get("authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            anthropic = headers.get("x-api-key", "").encode("utf-8", "surrogateescape")  # Anthropic's clients send the key so
+            if not (hmac.compare_digest(given, f"Bearer {key}".encode()) or hmac.compare_digest(anthropic, key.encode())):
                 return await _refuse(send, 401, "invalid API key", "authentication_error", "invalid_api_key", cors)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):

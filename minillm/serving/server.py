@@ -51,6 +51,7 @@ from .openai_protocol import (
     TokenizeRequest,
     engine_error,
 )
+from .anthropic import MessageRun, MessagesRequest, TokenCountRequest, error_body
 from .responses import ResponseRun, ResponseStore, ResponsesRequest, in_request_terms
 from .gate import Gate, too_large
 from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, parse_tool_calls,
@@ -422,6 +423,15 @@ class Service:
         prepared.prediction = self.prediction(body)
         return prepared
 
+    def prepare_converted(self, build: Callable[[], ChatRequest]) -> tuple[ChatRequest, Prepared]:
+        """A request of another API (OpenAI's Responses, Anthropic's Messages) prepared as the chat
+        `build` makes of it."""
+        try:
+            chat = build()
+        except ValidationError as e:
+            raise validation_error(e.errors()) from None
+        return chat, self.prepare_chat(chat)
+
     def prediction(self, body: SamplingRequest) -> list[int] | None:
         text = body.predicted_text()
         return None if text is None else self.encode(text, "prediction", add_special_tokens=False)
@@ -558,6 +568,7 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, opt
     _add_completion_routes(app, service)
     _add_chat_route(app, service)
     _add_responses_routes(app, service)
+    _add_messages_routes(app, service)
     return app
 
 
@@ -782,6 +793,15 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
                     usage=choices.usage(sum(len(events) for _, (_, events) in results)))
 
 
+async def _run_reply(request: Request, stream: bool, run):
+    """The reply of a request another API's run makes of a chat (ResponseRun, MessageRun): its
+    events streamed, or its whole answer once the generation is done."""
+    if stream:
+        return StreamingResponse(run.events(), media_type="text/event-stream")
+    result = await until_disconnected(request, run.gen.collect())
+    return result if isinstance(result, Response) else run.finish(*result)
+
+
 def _add_responses_routes(app: FastAPI, service: Service) -> None:
     """OpenAI's Responses API, run as a chat (minillm.serving.responses)."""
 
@@ -790,23 +810,13 @@ def _add_responses_routes(app: FastAPI, service: Service) -> None:
         body = await service.parse(request, ResponsesRequest)
         history = service.responses.conversation(body.previous_response_id)
 
-        def prepare():
-            try:
-                chat = body.chat_request(history)
-            except ValidationError as e:
-                raise validation_error(e.errors()) from None
-            return chat, service.prepare_chat(chat)
-
         try:
-            chat, prepared = await asyncio.to_thread(prepare)
+            chat, prepared = await asyncio.to_thread(service.prepare_converted, lambda: body.chat_request(history))
             run = ResponseRun(body, service.start_choices(prepared, chat, "resp").gens[0], prepared.tools, history,
                               service.model_name, service.token_text, service.responses)
         except APIError as e:
             raise in_request_terms(e) from None
-        if body.stream:
-            return StreamingResponse(run.events(), media_type="text/event-stream")
-        result = await until_disconnected(request, run.gen.collect())
-        return result if isinstance(result, Response) else run.finish(*result)
+        return await _run_reply(request, body.stream, run)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str):
@@ -819,31 +829,50 @@ def _add_responses_routes(app: FastAPI, service: Service) -> None:
         return service.responses.delete(response_id)
 
 
+def _add_messages_routes(app: FastAPI, service: Service) -> None:
+    """Anthropic's Messages API, run as a chat (minillm.serving.anthropic); its errors in its own
+    shape (the error handlers)."""
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        body = await service.parse(request, MessagesRequest)
+        chat, prepared = await asyncio.to_thread(service.prepare_converted, body.chat_request)
+        run = MessageRun(service.start_choices(prepared, chat, "msg").gens[0], prepared.tools, service.model_name)
+        return await _run_reply(request, body.stream, run)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        body = await service.parse(request, TokenCountRequest)
+        _, prepared = await asyncio.to_thread(service.prepare_converted, body.chat_request)
+        return {"input_tokens": len(prepared.prompt_ids)}
+
+
 def _add_error_handlers(app: FastAPI, service: Service) -> None:
     """Every error leaves as OpenAI's error object: validation 400 (never FastAPI's 422), HTTP
     errors with their status, our APIErrors as raised, anything else 500."""
 
-    def respond(error: APIError, counted: bool = True) -> JSONResponse:
+    def respond(request: Request, error: APIError, counted: bool = True) -> JSONResponse:
         if counted:
             service.errors += 1
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        anthropic = request.url.path.startswith("/v1/messages")  # Anthropic's API answers errors in its shape
+        return JSONResponse(error_body(error) if anthropic else error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
-        return respond(validation_error(exc.errors()))
+        return respond(request, validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return respond(APIError(exc.status_code, str(exc.detail), type=kind), counted=False)
+        return respond(request, APIError(exc.status_code, str(exc.detail), type=kind), counted=False)
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError):
-        return respond(exc)
+        return respond(request, exc)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
-        return respond(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+        return respond(request, APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
 def serve(load: Callable[[], LLM], options: Options, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
