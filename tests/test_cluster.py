@@ -129,7 +129,7 @@ def test_sixteen_concurrent_requests_of_every_kind_give_the_single_servers_text(
     assert len(re.findall(r"^minillm_router_requests_total\{", routed, re.M)) == 2  # both replicas served
 
 
-def test_several_prompts_and_choices_in_one_request_reach_the_replicas(client, reference):
+def test_several_prompts_and_choices_in_one_request_reach_the_replicas(cluster, client, reference):
     """Several prompts (echo + logprobs: the prompt's logprobs as the single engine gives them) and
     n choices in one request: each is its own call to the replicas, and each comes back."""
     from minillm.core.sampling import SamplingParams
@@ -160,6 +160,12 @@ def test_several_prompts_and_choices_in_one_request_reach_the_replicas(client, r
     second = client.responses.create(model="m", input="Another?", previous_response_id=first.id, max_output_tokens=12, temperature=0)
     assert second.output_text == reference.chat([{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": first.output_text},
                                                  {"role": "user", "content": "Another?"}], max_tokens=12, temperature=0)
+    # and Anthropic's Messages API
+    import anthropic
+
+    message = anthropic.Anthropic(base_url=cluster, api_key="unused", max_retries=0, timeout=300).messages.create(
+        model="m", max_tokens=12, messages=[{"role": "user", "content": "Name a colour."}], extra_body={"temperature": 0})
+    assert message.content[0].text == first.output_text
 
 
 def test_chats_sharing_a_system_prompt_stay_with_the_replica_that_cached_it(cluster, client):
