@@ -80,7 +80,9 @@ def _text_commands(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt; only the generated text goes to stdout")
     _model_flags(g)
     _speculative_flags(g)
-    g.add_argument("--prompt", required=True)
+    given = g.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt")
+    given.add_argument("--prompt-file", metavar="PATH", help="the prompt's text from a file, as it is ('-': standard input)")
     _sampling_flags(g)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat through the model's chat template")
@@ -188,9 +190,23 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _read_text(path: str, flag: str) -> str:
+    """A text file as it is ('-': standard input); a one-line error naming the flag if unreadable."""
+    from minillm import UsageError
+
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag}: cannot read {path}: {e}") from None
+
+
 def cmd_generate(args) -> int:
+    prompt = args.prompt if args.prompt is not None else _read_text(args.prompt_file, "--prompt-file")
     llm = _load(args)
-    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **_sampling(args))
+    stream = llm.stream(prompt, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **_sampling(args))
     for piece in stream:
         _write(piece)
     if sys.stdout.isatty():
@@ -265,10 +281,7 @@ def cmd_bench(args) -> int:
         args.model = str(default_model_dir())
     prompt = None
     if args.prompt_file:
-        try:
-            text = open(args.prompt_file, encoding="utf-8").read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--prompt-file: cannot read {args.prompt_file}: {e}") from None
+        text = _read_text(args.prompt_file, "--prompt-file")
         from minillm.api import tokenizer_files
         from minillm.core.tokenizer import Tokenizer
 

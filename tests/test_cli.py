@@ -181,3 +181,18 @@ def test_bench_reports_speculation(default_model_dir, tmp_path, mode):
 
 def test_speculative_flags_only_where_they_act():
     assert_one_line_error(run("logits", "--tokens", "1,2", "--out", "x.npy", "--speculative", "ngram"), "unrecognized arguments")
+
+
+@pytest.mark.slow
+def test_generate_reads_the_prompt_from_a_file_or_stdin(default_model_dir, tmp_path):
+    """--prompt-file takes the text as it is (newlines and all), '-' reads standard input; the
+    same text as --prompt; an unreadable file is one line naming the flag."""
+    prompt = "Line one.\nThe capital of France is"
+    (tmp_path / "p.txt").write_text(prompt)
+    flags = ("--model", str(default_model_dir), "--max-tokens", "8", "--temperature", "0")
+    direct = run("generate", "--prompt", prompt, *flags)
+    assert direct.returncode == 0, direct.stderr
+    assert run("generate", "--prompt-file", str(tmp_path / "p.txt"), *flags).stdout == direct.stdout
+    piped = subprocess.run([*CLI, "generate", "--prompt-file", "-", *flags], input=prompt, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert piped.stdout == direct.stdout
+    assert_one_line_error(run("generate", "--prompt-file", str(tmp_path / "missing.txt"), *flags), "--prompt-file", "missing.txt")
