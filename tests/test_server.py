@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+import shutil
 import socket
 import threading
 import time
@@ -439,6 +440,31 @@ def test_fields_outside_the_schema_are_accepted_and_named_in_the_log_once(client
             assert reply.choices[0].finish_reason == "length"
     named = [r.getMessage() for r in caplog.records if r.name == "minillm.server" and "tempreture_x" in r.getMessage()]
     assert len(named) == 1 and "accepted, ignored" in named[0]
+
+
+def test_suffix_fills_in_the_middle_where_the_tokenizer_has_the_markers(default_model_dir, tmp_path, llm):
+    """completions' suffix: <fim_prefix> prompt <fim_suffix> suffix <fim_middle>, then the model's
+    continuation (here the default model's weights with three added tokens renamed to the markers,
+    so the prompt's tokens can be checked; the model itself was not trained to fill in)."""
+    from fastapi.testclient import TestClient
+
+    assert llm.tokenizer.fill_in_middle is None  # SmolLM2's tokenizer has no markers: suffix stays a 400 there
+    model_dir = tmp_path / "fim"
+    shutil.copytree(default_model_dir, model_dir)
+    text = (model_dir / "tokenizer.json").read_text()
+    for old, new in (("<jupyter_start>", "<fim_prefix>"), ("<jupyter_text>", "<fim_suffix>"), ("<jupyter_code>", "<fim_middle>")):
+        text = text.replace(f'"{old}"', f'"{new}"')
+    (model_dir / "tokenizer.json").write_text(text)
+    fim = minillm.load(model_dir, ctx=512)
+    pre, suf, mid = fim.tokenizer.fill_in_middle
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    ids = [pre] + fim.tokenizer.encode(prefix, add_special_tokens=False) + [suf] + fim.tokenizer.encode(suffix, add_special_tokens=False) + [mid]
+    with TestClient(create_app(fim, "fim"), base_url="http://localhost") as http:
+        reply = http.post("/v1/completions", json={"prompt": prefix, "suffix": suffix, "max_tokens": 8, "temperature": 0}).json()
+        assert reply["usage"]["prompt_tokens"] == len(ids)
+        assert reply["choices"][0]["text"] == fim.generate(ids, max_tokens=8, temperature=0)
+        refused = http.post("/v1/completions", json={"prompt": prefix, "suffix": suffix, "echo": True, "max_tokens": 2})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "suffix"
 
 
 def test_logit_bias_and_echo(client, llm):

@@ -9,6 +9,11 @@ from pathlib import Path
 from ..errors import TokenizerError
 
 
+# fill-in-the-middle markers: StarCoder and SmolLM's, Qwen2.5-Coder's, CodeLlama's, DeepSeek-Coder's
+FIM_MARKERS = (("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+               ("▁<PRE>", "▁<SUF>", "▁<MID>"), ("<PRE>", "<SUF>", "<MID>"), ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -48,6 +53,24 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
+
+    @property
+    def fill_in_middle(self) -> tuple[int, int, int] | None:
+        """The (prefix, suffix, middle) marker ids of a tokenizer whose model was trained to fill in
+        the middle, by the names code models give them; None without them."""
+        for names in FIM_MARKERS:
+            ids = [self.token_id(name) for name in names]
+            if None not in ids:
+                return tuple(ids)
+        return None
+
+    def encode_infill(self, prefix: str, suffix: str) -> list[int]:
+        """The prompt that asks for the text between `prefix` and `suffix` (prefix-suffix-middle
+        order, as the models trained on it read it): prefix marker, prefix, suffix marker, suffix,
+        middle marker; BOS first when the tokenizer asks for it."""
+        pre, suf, mid = self.fill_in_middle
+        ids = [pre] + self.encode(prefix, add_special_tokens=False) + [suf] + self.encode(suffix, add_special_tokens=False) + [mid]
+        return [self.bos_id] + ids if self.add_bos else ids
 
     @property
     def supports_tools(self) -> bool:

@@ -143,11 +143,11 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # sample this many, return the n likeliest
-    suffix: str | None = None
+    suffix: str | None = None  # fill in the middle: the text the completion comes before
 
     def check_supported(self) -> None:
-        if self.suffix:
-            raise APIError(400, "suffix: filling in the middle is not supported (these models were not trained for it)", param="suffix")
+        if self.suffix is not None and self.echo:
+            raise APIError(400, "suffix: echo cannot be combined with filling in the middle", param="suffix")
         if self.best_of is not None and self.best_of < self.n:
             raise APIError(400, f"best_of must be at least n ({self.n}), got {self.best_of}", param="best_of")
         if self.best_of is not None and self.best_of > self.n and self.stream:

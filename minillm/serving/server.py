@@ -395,6 +395,19 @@ class Service:
         except MiniLLMError as e:
             raise APIError(400, str(e), param=param) from None
 
+    def infill(self, prompt: str | list[int], suffix: str) -> list[int]:
+        """The prompt that fills in between `prompt` and `suffix` (completions' suffix), for a model
+        whose tokenizer has fill-in-the-middle markers; a 400 naming suffix otherwise."""
+        if self.tokenizer.fill_in_middle is None:
+            raise APIError(400, "suffix: this model's tokenizer has no fill-in-the-middle markers (<fim_prefix>, <|fim_prefix|>, <PRE>...), "
+                           "so it was not trained to fill in the middle", param="suffix")
+        prefix = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
+        self.check_prompt_text(prefix + suffix, "prompt")
+        try:
+            return self.tokenizer.encode_infill(prefix, suffix)
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param="prompt") from None
+
     # ---------------------------------------------------------------- off the loop
 
     def prepare_completion(self, body: CompletionRequest) -> list[Prepared]:
@@ -402,7 +415,10 @@ class Service:
         body.check_supported()
         batch, prediction = [], self.prediction(body)
         for prompt in body.prompts():
-            prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
+            if body.suffix is not None:
+                prompt_ids = self.infill(prompt, body.suffix)
+            else:
+                prompt_ids = self.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
             prepared = Prepared(prompt_ids, self.plans(body))
             prepared.prediction = prediction
             if body.echo:
