@@ -13,7 +13,7 @@ import uuid
 from pydantic import Field
 
 from ..errors import MiniLLMError
-from .openai_protocol import APIError, ChatRequest, SamplingRequest, engine_error
+from .openai_protocol import APIError, ChatRequest, SamplingRequest, engine_error, joined_text
 
 # our errors' OpenAI types as Anthropic names them
 ERROR_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
@@ -34,8 +34,7 @@ class MessagesRequest(SamplingRequest):
     output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": ...}}; "effort" asks a thinking model
 
     def chat_request(self) -> ChatRequest:
-        sampling = self.model_dump(exclude_unset=True, include=set(SamplingRequest.model_fields) - {"stream", "n", "stop"})
-        chat = dict(sampling, messages=chat_messages(self.system, self.messages), stop=(self.stop_sequences or []) + self.stops())
+        chat = dict(self.sampling_fields("stop"), messages=chat_messages(self.system, self.messages), stop=(self.stop_sequences or []) + self.stops())
         fmt = (self.output_config or {}).get("format")
         if fmt is not None:
             if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
@@ -91,11 +90,10 @@ def chat_messages(system, messages: list[dict]) -> list[dict]:
 
 
 def _text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in content):
-        return "".join(b["text"] for b in content)
-    raise APIError(400, f"{where} must be text or a list of text blocks", param=where)
+    text = joined_text(content)
+    if text is None:
+        raise APIError(400, f"{where} must be text or a list of text blocks", param=where)
+    return text
 
 
 def chat_tools(tools: list[dict]) -> list[dict]:
@@ -146,7 +144,7 @@ class MessageRun:
         return ("end_turn" if self.gen.finish_reason() == "stop" else "max_tokens"), None
 
     def blocks(self, text: str) -> tuple[list[dict], list]:
-        content, calls = self.tools.parse(text) if self.tools.active else (text, [])
+        content, calls = self.tools.parse(text)
         blocks = [{"type": "text", "text": content}] if content or not calls else []
         return blocks + [{"type": "tool_use", "id": f"toolu_{c.id.removeprefix('call_')}", "name": c.name, "input": c.arguments}
                          for c in calls], calls
@@ -182,7 +180,7 @@ class MessageRun:
                         yield sse("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
                 yield sse("content_block_stop", index=0)
         except (MiniLLMError, APIError) as e:
-            yield sse("error", error=error_body(e if isinstance(e, APIError) else engine_error(e))["error"])
+            yield sse("error", error=error_body(engine_error(e))["error"])
             return
         stop = self.stop(calls)
         yield sse("message_delta", delta={"stop_reason": stop[0], "stop_sequence": stop[1]}, usage={"output_tokens": len(events)})

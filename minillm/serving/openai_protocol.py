@@ -36,14 +36,24 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def engine_error(e: MiniLLMError) -> APIError:
-    """An error the engine raised for a running request, as the client sees it."""
+def engine_error(e: MiniLLMError | APIError) -> APIError:
+    """An error the engine raised for a running request, as the client sees it (an APIError, as
+    a generation's collect() raises them, as it is)."""
+    if isinstance(e, APIError):
+        return e
     if isinstance(e, ShutdownError):
         return APIError(503, str(e), type="service_unavailable", code="shutting_down")
     if isinstance(e, StructuredOutputError):  # the request's grammar, not the server, failed
         return APIError(400, str(e), param=e.param, code="grammar_failed")
     return APIError(500, str(e).splitlines()[0] if str(e) else type(e).__name__, type="server_error")
 
+
+def joined_text(content) -> str | None:
+    """A string, or a list of {"type": "text", "text": ...} parts joined; None for anything else."""
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                                         for part in content):
+        return "".join(part["text"] for part in content)
+    return content if isinstance(content, str) else None
 
 
 # ------------------------------------------------------------------ request schemas
@@ -77,6 +87,11 @@ class SamplingRequest(StrictModel):
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     prediction: dict | None = None  # OpenAI's predicted outputs: {"type": "content", "content": text or text parts}
     grammar: str | dict | None = None  # extension: GBNF, or {"type": "lark" | "gbnf" | "regex", "grammar": str}
+
+    def sampling_fields(self, *left_out: str) -> dict:
+        """The sampling fields this request set (but `left_out`), for the chat a request of another
+        API becomes."""
+        return self.model_dump(exclude_unset=True, include=set(SamplingRequest.model_fields) - {"stream", "n", *left_out})
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -119,11 +134,8 @@ class SamplingRequest(StrictModel):
         p = self.prediction
         if p is None:
             return None
-        content = p.get("content")
-        if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-                                             for part in content):
-            content = "".join(part["text"] for part in content)
-        if p.get("type") != "content" or not isinstance(content, str):
+        content = joined_text(p.get("content"))
+        if p.get("type") != "content" or content is None:
             raise APIError(400, 'prediction must be {"type": "content", "content": text or a list of text parts}', param="prediction")
         return content
 

@@ -62,8 +62,7 @@ class ResponsesRequest(SamplingRequest):
     def chat_request(self, history: list[dict]) -> ChatRequest:
         """The chat this request asks for, after the stored conversation `history` (input items)."""
         self.check_supported()
-        sampling = self.model_dump(exclude_unset=True, include=set(SamplingRequest.model_fields) - {"stream", "n"})
-        chat = dict(sampling, messages=input_messages(history + self.input_items(), self.instructions),
+        chat = dict(self.sampling_fields(), messages=input_messages(history + self.input_items(), self.instructions),
                     max_tokens=self.max_output_tokens or self.max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0,
                     parallel_tool_calls=self.parallel_tool_calls,
                     response_format=response_format(self.text) if self.text is not None else self.response_format)
@@ -266,7 +265,7 @@ class ResponseRun:
 
     def finish(self, text: str, events: list) -> dict:
         """The finished Response (stored if asked): a message, unless the reply is only calls, then its calls."""
-        content, calls = self.tools.parse(text) if self.tools.active else (text, [])
+        content, calls = self.tools.parse(text)
         status = "completed" if calls or self.gen.finish_reason() == "stop" else "incomplete"
         output = [message_item(self.message_id, content or "", status, self.logprobs(events))] if content or not calls else []
         output += [function_call_item(call) for call in calls]
@@ -295,7 +294,7 @@ class ResponseRun:
                     yield event
                 response = self.response
         except (MiniLLMError, APIError) as e:
-            error = e if isinstance(e, APIError) else engine_error(e)
+            error = engine_error(e)
             yield stream.event("error", code=error.code or error.type, message=error.message, param=error.param)
             failed = {"code": error.code or error.type, "message": error.message}
             yield stream.event("response.failed", response=self.snapshot("failed", [], None, failed))

@@ -309,7 +309,10 @@ class ChatTools:
         return template_messages(messages)
 
     def parse(self, text: str):
-        """The reply's content and its calls: with parallel_tool_calls false, the first call only."""
+        """The reply's content and its calls (none when no tools are offered): with
+        parallel_tool_calls false, the first call only."""
+        if not self.active:
+            return text, []
         content, calls = parse_tool_calls(text, self.format, self.functions)
         return content, calls[: self.most]
 
@@ -782,7 +785,7 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
         logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
 
         def reply(i: int, gen: Generation, text: str, events: list[TokenEvent], streamed: bool) -> dict:
-            content, calls = tools.parse(text) if tools.active else (text, [])
+            content, calls = tools.parse(text)
             fields, reason = tools.reply_fields(calls, streamed) if calls else (None, gen.finish_reason())
             if not streamed:
                 return oai.chat_message_choice(i, content, reason, logprobs(events), fields)

@@ -44,7 +44,7 @@ class ToolCall:
         self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
 
     def openai(self, index: int | None = None) -> dict:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+        call = {"id": self.id, "type": "function", "function": self.function_call()}
         return call if index is None else dict(call, index=index)
 
     def function_call(self) -> dict:
