@@ -111,7 +111,9 @@ def test_structured_output_errors_and_keys(client, base):
     for bad in ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
                 {"messages": [{"role": "system", "content": "x"}]},
                 {"messages": [QUESTION], "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-                {"messages": [QUESTION], "tool_choice": {"type": "sometimes"}}):
+                {"messages": [QUESTION], "tool_choice": {"type": "sometimes"}},
+                {"messages": [QUESTION], "thinking": {"type": "enabled", "budget_tokens": 1024}},
+                {"messages": [QUESTION], "output_config": {"effort": "high"}}):
         with pytest.raises(anthropic.BadRequestError) as error:
             client.messages.create(model="m", max_tokens=5, **bad)
         assert error.value.body["type"] == "error" and error.value.body["error"]["type"] == "invalid_request_error"
@@ -124,12 +126,14 @@ def test_content_blocks_as_chat_messages():
                 {"role": "assistant", "content": [{"type": "thinking", "thinking": "..."}, {"type": "text", "text": "Checking."},
                                                   {"type": "tool_use", "id": "t1", "name": "w", "input": {"a": 1}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+                                             {"type": "tool_result", "tool_use_id": "t2", "content": "timed out", "is_error": True},
                                              {"type": "text", "text": "Thanks."}]}]
     assert chat_messages([{"type": "text", "text": "Be brief."}], messages) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}]},
         {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "t2", "content": "Error: timed out"},
         {"role": "user", "content": "Thanks."}]
     with pytest.raises(APIError) as error:
         chat_messages(None, [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "w"}]}])

@@ -57,6 +57,9 @@ def test_a_response_is_the_chat_it_reads_as(client):
             (lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in chat.choices[0].logprobs.content]
         assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
         assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens and r.instructions == "Answer briefly."
+    # top_logprobs alone asks for logprobs too
+    alone = client.responses.create(model="m", input="Hi", max_output_tokens=3, temperature=0, top_logprobs=1)
+    assert len(alone.output[0].content[0].logprobs) == alone.usage.output_tokens
 
 
 @pytest.mark.slow
@@ -149,6 +152,7 @@ def test_text_format_json_schema(client):
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objec"}}}}, "text.format.schema"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
+    ({"text": {"verbosity": "high"}}, "text.verbosity"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(client, body, param):

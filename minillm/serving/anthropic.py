@@ -30,10 +30,15 @@ class MessagesRequest(SamplingRequest):
     stop_sequences: list[str] | None = None
     tools: list[dict] | None = None
     tool_choice: dict | None = None
-    metadata: dict | None = None
-    output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": ...}}; "effort" asks a thinking model
+    output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": ...}}
+    thinking: dict | None = None  # only {"type": "disabled"}: these models do not think aloud
+    # metadata (user_id) has nothing to act on here: outside the schema, the server's log names it
 
     def chat_request(self) -> ChatRequest:
+        if (self.thinking or {}).get("type", "disabled") != "disabled":
+            raise APIError(400, "thinking: this server's models do not think before answering; leave thinking out", param="thinking")
+        if (self.output_config or {}).keys() - {"format"}:
+            raise APIError(400, "output_config: only format (a JSON schema) is honoured here", param="output_config")
         chat = dict(self.sampling_fields("stop"), messages=chat_messages(self.system, self.messages), stop=(self.stop_sequences or []) + self.stops())
         fmt = (self.output_config or {}).get("format")
         if fmt is not None:
@@ -80,7 +85,8 @@ def chat_messages(system, messages: list[dict]) -> list[dict]:
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
             elif kind == "tool_result" and role == "user" and isinstance(block.get("tool_use_id"), str):
-                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _text(block.get("content", ""), where)})
+                result = _text(block.get("content", ""), where)  # a failed call's result says so, as Anthropic shows it the model
+                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": f"Error: {result}" if block.get("is_error") else result})
             elif kind not in ("thinking", "redacted_thinking"):  # never made here: a replayed model's thinking is left out
                 raise APIError(400, f"{where}: this server reads text, tool_use and tool_result blocks (got {kind!r})", param=where)
         if texts or calls or not content:

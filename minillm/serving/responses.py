@@ -57,7 +57,8 @@ class ResponsesRequest(SamplingRequest):
 
     @property
     def logprobs(self) -> bool:
-        return LOGPROBS_INCLUDE in (self.include or ())
+        """Logprobs asked for: by include, or by asking for alternatives."""
+        return LOGPROBS_INCLUDE in (self.include or ()) or self.top_logprobs is not None
 
     def chat_request(self, history: list[dict]) -> ChatRequest:
         """The chat this request asks for, after the stored conversation `history` (input items)."""
@@ -151,6 +152,8 @@ def chat_tool_choice(choice):
 
 def response_format(text: dict | None) -> dict | None:
     """text.format as the chat's response_format."""
+    if (text or {}).get("verbosity", "medium") != "medium":
+        raise APIError(400, "text.verbosity: only medium; how long a reply runs is max_output_tokens' here", param="text.verbosity")
     fmt = (text or {}).get("format") or {"type": "text"}
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
