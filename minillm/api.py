@@ -14,6 +14,7 @@ Calls from several threads are safe and are batched: every request goes to one e
 from __future__ import annotations
 
 import json
+import weakref
 from collections import deque
 from functools import cached_property
 from pathlib import Path
@@ -99,8 +100,23 @@ class LLM:
 
     @cached_property
     def engine(self) -> Engine:
-        """The batching engine thread, started on first use."""
-        return Engine(self.model, self.options, draft=self.draft)
+        """The batching engine thread, started on first use; it ends with close() or when this
+        LLM is garbage collected (the thread alone would keep the weights alive)."""
+        engine = Engine(self.model, self.options, draft=self.draft)
+        weakref.finalize(self, engine.close, timeout=0)
+        return engine
+
+    def close(self) -> None:
+        """Stop the engine: requests still running end with a ShutdownError, new ones are
+        refused, and the model's memory goes with the last reference to this LLM."""
+        if "engine" in self.__dict__:
+            self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def config(self):
@@ -158,7 +174,7 @@ class LLM:
         if isinstance(prediction, str):
             prediction = self.tokenizer.encode(prediction, add_special_tokens=False)
         handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction)
-        return TextStream(handle, self.tokenizer, stop)
+        return TextStream(handle, self.tokenizer, stop, owner=self)
 
     # ------------------------------------------------------------------ numbers
 

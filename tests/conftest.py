@@ -1,10 +1,18 @@
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--every-format", action="store_true",
+                     help="tests/test_targets.py: every GGUF format on the other CPU targets (default: one of each kernel family)")
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +40,6 @@ def free_port() -> int:
 
 def wait_until_healthy(base: str, seconds: float) -> bool:
     """Poll `base`/health until it answers 200 (True) or `seconds` pass (False)."""
-    import time
-
     try:  # the openai package brings httpx2 (same API) or httpx, depending on its version
         import httpx2 as httpx
     except ImportError:
@@ -48,3 +54,22 @@ def wait_until_healthy(base: str, seconds: float) -> bool:
             pass
         time.sleep(0.1)
     return False
+
+
+@contextmanager
+def running_server(app):
+    """`app` served by uvicorn on a free local port in a thread: yields its base URL; stops the
+    server and waits for its thread on exit."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -4,14 +4,12 @@ it, tools come back as tool_use blocks, errors come in Anthropic's shape, and th
 x-api-key."""
 
 import json
-import threading
-import time
 
 import anthropic
 import jsonschema
 import openai
 import pytest
-from conftest import free_port
+from conftest import running_server
 
 import minillm
 from minillm.serving.anthropic import chat_messages
@@ -27,16 +25,8 @@ QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 @pytest.fixture(scope="module")
 def base(default_model_dir):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(minillm.load(default_model_dir, ctx=1024), "m", KEY), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
+    with minillm.load(default_model_dir, ctx=1024) as llm, running_server(create_app(llm, "m", KEY)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

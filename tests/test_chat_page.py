@@ -3,12 +3,11 @@
 Skipped, with the reason, where that browser is not installed; .ci/run installs it."""
 
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import running_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -20,22 +19,13 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 @pytest.fixture(scope="module")
 def served(default_model_dir):
-    import uvicorn
-
     import minillm
     from minillm.serving.server import create_app
 
-    llm = minillm.load(default_model_dir, ctx=2048)
-    llm.eos_ids = ()  # replies run to max_tokens, so there is a long one to stop
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, "smollm2", API_KEY), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", llm
-    server.should_exit = True
+    with minillm.load(default_model_dir, ctx=2048) as llm:
+        llm.eos_ids = ()  # replies run to max_tokens, so there is a long one to stop
+        with running_server(create_app(llm, "smollm2", API_KEY)) as url:
+            yield url, llm
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,8 @@ def reference(default_model_dir):
     the two agree)."""
     import minillm
 
-    return minillm.load(default_model_dir, ctx=1024)
+    with minillm.load(default_model_dir, ctx=1024) as llm:
+        yield llm
 
 
 def _metrics(base) -> str:

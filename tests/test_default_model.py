@@ -42,7 +42,8 @@ def hf(default_gguf):
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
-    return minillm.load(default_model_dir)
+    with minillm.load(default_model_dir) as llm:
+        yield llm
 
 
 def test_import_wrote_an_hf_directory(default_model_dir):

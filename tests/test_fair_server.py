@@ -12,7 +12,7 @@ except ImportError:
 import numpy as np
 import openai
 import pytest
-from conftest import free_port, wait_until_healthy
+from conftest import running_server, wait_until_healthy
 
 import minillm
 from minillm.core.sampling import SamplingParams
@@ -27,23 +27,15 @@ GREEDY = SamplingParams(temperature=0)
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
-    return minillm.load(default_model_dir, ctx=4096, max_batch=4, max_queue=8, cache_mb=0)
+    with minillm.load(default_model_dir, ctx=4096, max_batch=4, max_queue=8, cache_mb=0) as llm:
+        yield llm
 
 
 @pytest.fixture(scope="module")
 def server(llm):
-    import uvicorn
-
-    port = free_port()
-    app = create_app(llm, "smollm2", API_KEY, DEFAULTS.replace(max_body_mb=4))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    assert wait_until_healthy(base, 30)
-    yield base
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running_server(create_app(llm, "smollm2", API_KEY, DEFAULTS.replace(max_body_mb=4))) as base:
+        assert wait_until_healthy(base, 30)
+        yield base
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -121,8 +121,8 @@ raw = st.one_of(st.binary(max_size=64), st.sampled_from([b"[]", b"null", b"1e999
 def http(default_model_dir):
     from fastapi.testclient import TestClient
 
-    app = create_app(minillm.load(default_model_dir, ctx=512, max_batch=4, max_queue=64), "fuzz")
-    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
+    with minillm.load(default_model_dir, ctx=512, max_batch=4, max_queue=64) as llm, \
+            TestClient(create_app(llm, "fuzz"), base_url="http://localhost", raise_server_exceptions=False) as client:
         yield client
 
 

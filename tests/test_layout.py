@@ -5,7 +5,9 @@ import ast
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+from site import getsitepackages
 
 import pytest
 
@@ -90,16 +92,26 @@ def test_functions_outside_the_kernels_are_short():
     assert not long
 
 
+def running_environment_paths() -> list[str]:
+    """The site-packages folders of the interpreter running the tests (a venv's own when in one)."""
+    paths = [*getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return list(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+
+
 @pytest.mark.slow
 def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
     """`pip install .` (not editable) beside Hugging Face's `kernels` from PyPI: only minillm, its
     dist-info and its console script land; `import kernels` stays theirs; `minillm generate` runs.
-    The venv sees this machine's packages (numpy, numba, .. and the default model's wheel)."""
+    The new venv sees the packages of the environment running the tests (numpy, numba, .. the
+    default model's wheel, and what PyPI's `kernels` imports), named in a .pth file: its
+    --system-site-packages would see the base interpreter's instead, which inside a virtual
+    environment is not where `pip install ".[test]"` put them."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
                                text=True, check=True).stdout.strip())
+    (site / "outer_environment.pth").write_text("\n".join(running_environment_paths()) + "\n")
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + ["--no-deps", "kernels"], check=True, capture_output=True)
     before = set(os.listdir(site))

@@ -3,13 +3,11 @@
 conversation, and what cannot be honoured is a 400 naming the field."""
 
 import json
-import threading
-import time
 
 import jsonschema
 import openai
 import pytest
-from conftest import free_port
+from conftest import running_server
 from pydantic import BaseModel
 
 import minillm
@@ -24,16 +22,8 @@ CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "descript
 
 @pytest.fixture(scope="module")
 def client(default_model_dir):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(minillm.load(default_model_dir, ctx=1024), "m"), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    server.should_exit = True
+    with minillm.load(default_model_dir, ctx=1024) as llm, running_server(create_app(llm, "m")) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def chat_text(client, messages, **kw):

@@ -4,7 +4,6 @@ import json
 import logging
 import re
 import shutil
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ except ImportError:
     import httpx
 import openai
 import pytest
-from conftest import wait_until_healthy
+from conftest import running_server, wait_until_healthy
 
 import minillm
 from minillm.serving.server import create_app
@@ -27,25 +26,15 @@ API_KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
-    return minillm.load(default_model_dir, ctx=1024, max_batch=8, max_queue=256)
+    with minillm.load(default_model_dir, ctx=1024, max_batch=8, max_queue=256) as llm:
+        yield llm
 
 
 @pytest.fixture(scope="module")
 def server(llm):
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(llm, "smollm2", API_KEY), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    wait_until_healthy(base, 30)
-    yield base
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running_server(create_app(llm, "smollm2", API_KEY)) as base:
+        wait_until_healthy(base, 30)
+        yield base
 
 
 @pytest.fixture(scope="module")

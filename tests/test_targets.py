@@ -3,7 +3,9 @@ tiny files of test_gguf_direct), run in a child process whose Numba target is an
 (`haswell` with Haswell's features) or the x86-64-v2 baseline (no AVX, no FMA, no F16C).
 
 Each target compiles into its own cache under .pytest_cache, so a second run (and CI, whose
-kernel tiers for these targets fill the same directories first) reuses it."""
+kernel tiers for these targets fill the same directories first) reuses it. A cold compile for
+two more targets costs minutes a format, so by default one format of each kernel family runs;
+`--every-format` (CI's kernel tier) runs them all."""
 
 import json
 import os
@@ -22,6 +24,9 @@ from minillm.warmup import HASWELL_FEATURES
 pytestmark = pytest.mark.slow
 
 TARGETS = {"haswell": HASWELL_FEATURES, "x86-64-v2": None}
+# integer products on regrouped rows (a 32-value block, a 256-value super-block), float sums over
+# dequantized blocks, and the bfloat16 kernels
+ONE_OF_EACH_FAMILY = ("q4_0", "q4_k", "q4_1", "bf16")
 GENERATED = 8
 
 CHILD = """
@@ -61,9 +66,11 @@ def greedy(model, tokens, generated):
 
 
 @pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
+def gguf_files(tmp_path_factory, request):
     paths = {}
-    for name, (arch, shape, qtype) in CASES.items():
+    names = list(CASES) if request.config.getoption("--every-format") else ONE_OF_EACH_FAMILY
+    for name in names:
+        arch, shape, qtype = CASES[name]
         root = tmp_path_factory.mktemp(name)
         make_checkpoint(root / "hf", arch=arch, **shape)
         paths[name] = str(write_gguf(root / "hf", root / "model.gguf", qtype=qtype))

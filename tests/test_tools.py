@@ -3,13 +3,11 @@ with a Hermes-style (Qwen 2.5-like) chat template that takes tools."""
 
 import json
 import shutil
-import socket
-import threading
-import time
 
 import jsonschema
 import openai
 import pytest
+from conftest import running_server
 
 import minillm
 from minillm.serving.server import create_app
@@ -58,23 +56,13 @@ SCHEMAS = {"get_weather": WEATHER, "get_stock_price": STOCK}
 
 @pytest.fixture(scope="module")
 def client(default_model_dir, tmp_path_factory):
-    import uvicorn
-
     model_dir = tmp_path_factory.mktemp("tool-model") / "model"
     shutil.copytree(default_model_dir, model_dir)
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
-    llm = minillm.load(model_dir, ctx=1024)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, "tools"), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    server.should_exit = True
+    with minillm.load(model_dir, ctx=1024) as llm, running_server(create_app(llm, "tools")) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_required_tool_calls_always_validate(client):

@@ -97,8 +97,9 @@ class TextStream:
     "stop" (end-of-sequence token or stop string), "length" (max_tokens) or "context" (the context
     filled up). Abandoning the iteration cancels the request."""
 
-    def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = (), owner: object = None):
         self.handle = handle  # minillm.core.engine.RequestHandle
+        self.owner = owner  # the LLM whose engine runs the request: alive while this is read
         self.assembler = TextAssembler(tokenizer, stop)
         self.finish_reason: str | None = None
 

@@ -345,6 +345,13 @@ class Engine:
             self._shutdown = error
             self._cond.notify()
 
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Shut down (requests still running end with a ShutdownError) and wait for the engine
+        thread to finish its step and exit."""
+        self.shut_down(ShutdownError("the engine was closed"))
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
     @property
     def alive(self) -> bool:
         """The engine thread is running (it survives request errors; this is for health checks)."""
@@ -366,7 +373,9 @@ class Engine:
     # ------------------------------------------------------------------ engine thread
 
     def _loop(self) -> None:
-        while True:
+        """Steps until shut down: then every request has ended and the thread lets go of the
+        model (an engine's thread is what keeps its weights and KV cache alive)."""
+        while self._shutdown is None or self._running or self._pending:
             try:
                 self._iteration()
             except Exception as e:  # a bug must not leave callers waiting forever
@@ -382,7 +391,6 @@ class Engine:
                 self._cond.wait()
             if self._shutdown is not None:
                 self._end_all(self._shutdown)
-                self._cond.wait(1.0)
                 return
             self._drop_cancelled_waiting()
             admitted = []
