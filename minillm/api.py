@@ -25,6 +25,7 @@ import numpy as np
 from .core.detokenize import TextStream
 from .core.engine import Engine, check_prompt
 from .core.model import Model
+from .core.reasoning import ReasoningFormat, ReplyReader, ThinkingControl, reasoning_format
 from .core.sampling import SamplingParams
 from .core.tokenizer import Tokenizer
 from .errors import GenerationError, UsageError
@@ -32,6 +33,12 @@ from .options import DEFAULTS, Options
 
 if TYPE_CHECKING:
     from .core.structured import GrammarCompiler
+
+
+class Reply(str):
+    """A chat's answer; `reasoning` holds a reasoning model's thinking ('' for other models)."""
+
+    reasoning: str = ""
 
 
 MAX_DRAFT_SHARE = 0.6  # of the model's weight bytes: a draft step must cost well under a step
@@ -42,13 +49,17 @@ class LLMFiles:
     template), the end-of-sequence ids and the grammar compiler. An LLM has one; so does the
     ingress of a cluster (minillm.serving.cluster), which holds no weights."""
 
-    def __init__(self, model_dir: Path, config):
+    def __init__(self, model_dir: Path, config, chat_template: str | None = None):
         self.model_dir, self.config = Path(model_dir), config
+        self.chat_template = _read_template(chat_template) if chat_template else None  # replaces the model's
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
         """Loaded on first use: `logits` on token ids needs no tokenizer files."""
-        return Tokenizer(self.model_dir)
+        tokenizer = Tokenizer(self.model_dir)
+        if self.chat_template is not None:
+            tokenizer.chat_template = self.chat_template
+        return tokenizer
 
     @cached_property
     def eos_ids(self) -> tuple[int, ...]:
@@ -78,7 +89,7 @@ class LLM:
                                 kv_dtype=options.kv_dtype)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
-        self.files = LLMFiles(self.model_dir, self.model.config)
+        self.files = LLMFiles(self.model_dir, self.model.config, options.chat_template)
         self.draft = load_draft(self.model, self.source, options) if options.speculative == "draft" else None
 
     @property
@@ -151,13 +162,35 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> str:
         return "".join(self.stream(prompt, max_tokens, stop, truncate, **sampling))
 
-    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> TextStream:
-        return self._stream(self.tokenizer.encode_chat(messages), max_tokens, stop, truncate, sampling)
+    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, thinking: bool = True,
+                    thinking_budget: int | None = None, chat_template_kwargs: dict | None = None, **sampling) -> TextStream:
+        """The answer's text pieces; a reasoning model's thinking gathers in the stream's `reasoning`
+        (its `parts()` give both as they come). A final assistant message is continued, not answered.
+        thinking False switches it off (the template's enable_thinking, and no thinking tokens
+        allowed); thinking_budget: thinking tokens before the model is made to answer;
+        chat_template_kwargs: more variables for the template."""
+        variables = dict(self.options.template_variables, **(chat_template_kwargs or {}))
+        if not thinking:
+            variables["enable_thinking"], thinking_budget = False, 0
+        continued = bool(messages) and messages[-1].get("role") == "assistant" and bool(messages[-1].get("content"))
+        ids = self.tokenizer.encode_chat(messages, not continued, variables=variables, continue_final=continued)
+        return self._stream(ids, max_tokens, stop, truncate, sampling, chat=True, thinking_budget=thinking_budget)
 
-    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **sampling) -> str:
-        return "".join(self.chat_stream(messages, max_tokens, stop, truncate, **sampling))
+    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), truncate: bool = False, **settings) -> "Reply":
+        """The answer, as a str whose `reasoning` holds a reasoning model's thinking (chat_stream's settings)."""
+        stream = self.chat_stream(messages, max_tokens, stop, truncate, **settings)
+        reply = Reply("".join(stream))
+        reply.reasoning = stream.reasoning
+        return reply
 
-    def _stream(self, ids: list[int], max_tokens: int, stop, truncate: bool, sampling: dict) -> TextStream:
+    @cached_property
+    def reasoning(self) -> ReasoningFormat | None:
+        """How this model's replies separate thinking from answer (None: they do not, or
+        reasoning_format is none)."""
+        return reasoning_format(self.tokenizer) if self.options.reasoning_format == "auto" else None
+
+    def _stream(self, ids: list[int], max_tokens: int, stop, truncate: bool, sampling: dict, chat: bool = False,
+                thinking_budget: int | None = None) -> TextStream:
         ctx = self.model.ctx
         if truncate and len(ids) > ctx:
             ids = ids[-max(ctx // 2, ctx - max_tokens) :]
@@ -173,8 +206,13 @@ class LLM:
         prediction = sampling.pop("prediction", None) or ()
         if isinstance(prediction, str):
             prediction = self.tokenizer.encode(prediction, add_special_tokens=False)
+        reader = None
+        if chat and self.reasoning is not None:  # the thinking apart, its budget, a grammar for the answer alone
+            reader = ReplyReader(self.tokenizer, self.reasoning, ids, stop)
+            if thinking_budget is not None or constraint is not None:
+                constraint = ThinkingControl(self.tokenizer, self.reasoning, ids, thinking_budget, constraint)
         handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction)
-        return TextStream(handle, self.tokenizer, stop, owner=self)
+        return TextStream(handle, self.tokenizer, stop, owner=self, reader=reader)
 
     # ------------------------------------------------------------------ numbers
 
@@ -250,6 +288,13 @@ def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:
 
     files = tokenizer_dir(source, weights_dir() / "gguf-tokenizers")
     return files, files / "config.json"
+
+
+def _read_template(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"chat-template: cannot read {path}: {e}") from None
 
 
 def _eos_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -90,7 +90,20 @@ def _text_commands(sub) -> None:
     _speculative_flags(c)
     c.add_argument("--prompt", help="answer this one message and exit")
     c.add_argument("--system", help="a system message")
+    _template_flags(c)
+    c.add_argument("--show-thinking", action="store_true", help="a reasoning model's thinking on stderr as it comes (dimmed on a terminal)")
+    c.add_argument("--thinking-budget", type=int, metavar="N", help="thinking tokens before the model is made to answer")
+    c.add_argument("--no-thinking", action="store_true", help="switch a reasoning model's thinking off")
     _sampling_flags(c, max_tokens=512)
+
+
+def _template_flags(p) -> None:
+    """The chat template and how replies are read (chat, serve)."""
+    from minillm.options import DEFAULTS, Options
+
+    p.add_argument("--chat-template", metavar="FILE", help=Options.help("chat_template"))
+    p.add_argument("--chat-template-kwargs", metavar="JSON", help=Options.help("chat_template_kwargs"))
+    p.add_argument("--reasoning-format", choices=["auto", "none"], default=DEFAULTS.reasoning_format, help=Options.help("reasoning_format"))
 
 
 def _analysis_commands(sub) -> None:
@@ -217,18 +230,32 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    from minillm import UsageError
+
+    if args.thinking_budget is not None and (args.thinking_budget < 0 or args.no_thinking):
+        raise UsageError("--thinking-budget must be >= 0, and without --no-thinking")
     llm = _load(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
+    thinking = {"thinking": not args.no_thinking, "thinking_budget": args.thinking_budget}
+    dim, plain = ("\033[2m", "\033[0m") if sys.stderr.isatty() else ("", "")
 
     def turn(text: str) -> None:
         history.append({"role": "user", "content": text})
-        stream = llm.chat_stream(history, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **_sampling(args))
-        reply = []
-        for piece in stream:
-            reply.append(piece)
-            _write(piece)
+        stream = llm.chat_stream(history, max_tokens=args.max_tokens, stop=args.stop, truncate=args.truncate, **thinking, **_sampling(args))
+        reply, thought = [], False
+        for parts in stream.parts():
+            if parts.reasoning and args.show_thinking:
+                print(dim + parts.reasoning + plain, end="", file=sys.stderr, flush=True)
+                thought = True
+            if parts.content:
+                if thought:  # the thinking ends on a line of its own
+                    print(file=sys.stderr, flush=True)
+                    thought = False
+                reply.append(parts.content)
+                _write(parts.content)
         _write("\n")
-        history.append({"role": "assistant", "content": "".join(reply)})
+        answer = {"role": "assistant", "content": "".join(reply)}
+        history.append(dict(answer, reasoning_content=stream.reasoning) if stream.reasoning else answer)
 
     if args.prompt is not None:
         turn(args.prompt)
@@ -421,6 +448,7 @@ def _serve_flags(sv) -> None:
 
     _model_flags(sv)
     _speculative_flags(sv)
+    _template_flags(sv)
     sv.add_argument("--host", default=DEFAULTS.host)
     sv.add_argument("--port", type=int, default=DEFAULTS.port)
     sv.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, metavar="N", help=Options.help("max_batch"))

@@ -7,6 +7,7 @@ option. Nothing here imports the kernels: the CLI reads it before parsing argume
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -27,6 +28,12 @@ class Options:
     threads: int | None = field(default=None, metadata={"help": "the most threads a step uses (default: every CPU; with replicas, 1 per replica)"})
     kv_dtype: str = field(default="float32", metadata={"help": "how the KV cache keeps keys and values: float32 (exact, the default), "
                           "float16 or bfloat16 (half the memory), q8_0 (0.27 of it; llama.cpp's -ctk/-ctv q8_0)"})
+    chat_template: str | None = field(default=None, metadata={"help": "a Jinja file to use instead of the model's chat template"})
+    # reasoning models (minillm.core.reasoning)
+    reasoning_format: str = field(default="auto", metadata={"help": "auto: a reasoning model's thinking apart from its answer (<think> or "
+                                  "gpt-oss's Harmony channels, found from the tokenizer); none: the reply's raw text"})
+    chat_template_kwargs: str | None = field(default=None, metadata={"help": "a JSON object of chat template variables every request "
+                                             "starts from (e.g. '{\"enable_thinking\": false}')"})
     # the engine
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
@@ -71,6 +78,9 @@ class Options:
             raise UsageError("--spec-tokens and --spec-ngram need --speculative")
         if self.speculative == "draft" and self.spec_ngram is not None:
             raise UsageError("--spec-ngram is for --speculative ngram (prompt lookup), not draft")
+        if self.reasoning_format not in ("auto", "none"):
+            raise UsageError(f"reasoning-format must be auto or none, got {self.reasoning_format!r}")
+        self.template_variables  # noqa: B018 - checks the JSON
         if self.replicas is not None and self.autoscale is not None:
             raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
 
@@ -86,6 +96,19 @@ class Options:
             return DEFAULT_MODEL_NAME
         path = Path(self.model)
         return path.stem if path.suffix == ".gguf" else path.resolve().name
+
+    @property
+    def template_variables(self) -> dict:
+        """chat_template_kwargs read: the variables every chat starts from."""
+        if self.chat_template_kwargs is None:
+            return {}
+        try:
+            variables = json.loads(self.chat_template_kwargs)
+        except ValueError as e:
+            raise UsageError(f"chat-template-kwargs: not JSON: {e}") from None
+        if not isinstance(variables, dict):
+            raise UsageError("chat-template-kwargs must be a JSON object")
+        return variables
 
     @property
     def clustered(self) -> bool:

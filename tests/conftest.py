@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 
+try:  # the openai package brings httpx2 (same API) or httpx, depending on its version
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -40,11 +45,6 @@ def free_port() -> int:
 
 def wait_until_healthy(base: str, seconds: float) -> bool:
     """Poll `base`/health until it answers 200 (True) or `seconds` pass (False)."""
-    try:  # the openai package brings httpx2 (same API) or httpx, depending on its version
-        import httpx2 as httpx
-    except ImportError:
-        import httpx
-
     deadline = time.time() + seconds
     while time.time() < deadline:
         try:

@@ -121,7 +121,8 @@ def test_content_blocks_as_chat_messages():
     assert chat_messages([{"type": "text", "text": "Be brief."}], messages) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}]},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "...",  # the thinking, for templates that keep it
+         "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}]},
         {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "t2", "content": "Error: timed out"},
         {"role": "user", "content": "Thanks."}]

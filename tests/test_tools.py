@@ -121,6 +121,7 @@ def test_a_template_without_tools_gets_the_generic_format(default_model_dir):
 def test_parallel_tool_calls_false_keeps_the_first_call():
     from types import SimpleNamespace
 
+    from minillm.core.detokenize import Parts
     from minillm.serving.openai_protocol import ChatRequest
     from minillm.serving.server import ChatTools
 
@@ -129,7 +130,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     reply = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": {"a": 2}}\n</tool_call>'
     for parallel, expected in ((True, [{"a": 1}, {"a": 2}]), (False, [{"a": 1}])):
         body = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, parallel_tool_calls=parallel)
-        _, calls = ChatTools(service, body).parse(reply)
+        _, calls = ChatTools(service, body).parse(Parts(content=reply))
         assert [c.arguments for c in calls] == expected
 
 

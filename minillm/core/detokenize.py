@@ -8,6 +8,7 @@ API and the CLI).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from .tokenizer import Tokenizer
@@ -92,31 +93,82 @@ class TextAssembler:
         return longest
 
 
-class TextStream:
-    """Text pieces of one request as they are generated; `finish_reason` once exhausted:
-    "stop" (end-of-sequence token or stop string), "length" (max_tokens) or "context" (the context
-    filled up). Abandoning the iteration cancels the request."""
+@dataclass
+class Parts:
+    """What became final with one token: thinking text, answer text, and tool calls completed."""
 
-    def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = (), owner: object = None):
+    reasoning: str = ""
+    content: str = ""
+    calls: list = field(default_factory=list)  # minillm.core.reasoning.HarmonyCall
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.calls)
+
+    def add(self, other: "Parts") -> None:
+        self.reasoning += other.reasoning
+        self.content += other.content
+        self.calls += other.calls
+
+
+class PlainReader:
+    """A reply read as plain text (a model that does not reason apart, a completion, or
+    --reasoning-format none): every token is the answer's."""
+
+    thinking_tokens = 0
+
+    def __init__(self, tokenizer: Tokenizer, stop=()):
+        self.answer = TextAssembler(tokenizer, stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self.answer.stopped
+
+    @property
+    def stop_string(self) -> str | None:
+        return self.answer.stop_string
+
+    def push(self, token: int) -> Parts:
+        return Parts(content=self.answer.push(token))
+
+    def finish(self) -> Parts:
+        return Parts(content=self.answer.finish())
+
+
+class TextStream:
+    """Text pieces of one request's answer as they are generated; `finish_reason` once exhausted:
+    "stop" (end-of-sequence token or stop string), "length" (max_tokens) or "context" (the context
+    filled up). A reasoning model's thinking is not among the pieces: it gathers in `reasoning`
+    (or read `parts()` for both as they come). Abandoning the iteration cancels the request."""
+
+    def __init__(self, handle, tokenizer: Tokenizer, stop: Sequence[str] = (), owner: object = None, reader=None):
         self.handle = handle  # minillm.core.engine.RequestHandle
         self.owner = owner  # the LLM whose engine runs the request: alive while this is read
-        self.assembler = TextAssembler(tokenizer, stop)
+        self.reader = reader or PlainReader(tokenizer, stop)  # or minillm.core.reasoning.ReplyReader
+        self.reasoning = ""
         self.finish_reason: str | None = None
 
     def __iter__(self) -> Iterator[str]:
+        for parts in self.parts():
+            if parts.content:
+                yield parts.content
+
+    def parts(self) -> Iterator[Parts]:
+        """The reply's parts (thinking, answer) as they become final."""
         done = False
         try:
             for event in self.handle:
-                piece = self.assembler.push(event.token)
-                if piece:
-                    yield piece
-                if self.assembler.stopped:
+                parts = self.reader.push(event.token)
+                if parts:
+                    self.reasoning += parts.reasoning
+                    yield parts
+                if self.reader.stopped:
                     self.finish_reason = "stop"
                     return
-            tail = self.assembler.finish()
+            tail = self.reader.finish()
             if tail:
+                self.reasoning += tail.reasoning
                 yield tail
-            self.finish_reason = "stop" if self.assembler.stopped else self.handle.finish_reason
+            self.finish_reason = "stop" if self.reader.stopped else self.handle.finish_reason
             done = True
         finally:
             if not done:

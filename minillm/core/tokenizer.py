@@ -77,9 +77,14 @@ class Tokenizer:
         """Whether the chat template renders a `tools` list (as transformers passes it)."""
         return bool(self.chat_template) and "tools" in self.chat_template
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                            variables: dict | None = None, continue_final: bool = False) -> str:
         """Render `messages` (and `tools`, for templates that take them) with the model's template
-        in Jinja's immutable sandbox."""
+        in Jinja's immutable sandbox; `variables`: more for the template (chat_template_kwargs).
+        continue_final: the text ends where the final message's content does, so the model
+        continues that message (as transformers' continue_final_message cuts it)."""
+        if continue_final:
+            return self._continued(messages, tools, variables)
         if not self.chat_template:
             raise TokenizerError("this model has no chat template (tokenizer_config.json: 'chat_template')")
         for m in messages:
@@ -93,6 +98,7 @@ class Tokenizer:
 
         try:
             return template.render(
+                **(variables or {}),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
@@ -106,9 +112,20 @@ class Tokenizer:
         except Exception as e:  # a template can raise anything a filter raises
             raise TokenizerError(f"chat template failed: {type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    def _continued(self, messages: list[dict], tools: list[dict] | None, variables: dict | None) -> str:
+        final = messages[-1].get("content") or ""
+        text = self.apply_chat_template(messages, False, tools, variables)
+        for content in (final, final.strip()):
+            at = text.rfind(content) if content else -1
+            if at >= 0:
+                return text[: at + len(content)]
+        raise TokenizerError("the chat template does not write the final assistant message as given, so it cannot be continued")
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    variables: dict | None = None, continue_final: bool = False) -> list[int]:
         # The template writes any BOS itself: encoding without special tokens avoids a double BOS.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, variables, continue_final)
+        return self.encode(text, add_special_tokens=False)
 
 
 def _compile_template(source: str):

@@ -30,16 +30,15 @@ class MessagesRequest(SamplingRequest):
     stop_sequences: list[str] | None = None
     tools: list[dict] | None = None
     tool_choice: dict | None = None
-    output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": ...}}
-    thinking: dict | None = None  # only {"type": "disabled"}: these models do not think aloud
+    output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": ...}, "effort": ...}
+    thinking: dict | None = None  # {"type": "enabled", "budget_tokens": N}, adaptive, or disabled
     # metadata (user_id) has nothing to act on here: outside the schema, the server's log names it
 
     def chat_request(self) -> ChatRequest:
-        if (self.thinking or {}).get("type", "disabled") != "disabled":
-            raise APIError(400, "thinking: this server's models do not think before answering; leave thinking out", param="thinking")
-        if (self.output_config or {}).keys() - {"format"}:
-            raise APIError(400, "output_config: only format (a JSON schema) is honoured here", param="output_config")
+        if (self.output_config or {}).keys() - {"format", "effort"}:
+            raise APIError(400, "output_config: only format (a JSON schema) and effort are honoured here", param="output_config")
         chat = dict(self.sampling_fields("stop"), messages=chat_messages(self.system, self.messages), stop=(self.stop_sequences or []) + self.stops())
+        chat.update(self.reasoning_fields())
         fmt = (self.output_config or {}).get("format")
         if fmt is not None:
             if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
@@ -51,6 +50,26 @@ class MessagesRequest(SamplingRequest):
             choice, parallel = chat_tool_choice(self.tool_choice)
             chat.update(tool_choice=choice, parallel_tool_calls=parallel)
         return ChatRequest.model_validate(chat)
+
+    def reasoning_fields(self) -> dict:
+        """thinking and output_config.effort as the chat's: a budget of thinking tokens, thinking
+        switched off, or an effort (a final assistant message is continued, as the chat does by default)."""
+        fields, kind = {}, (self.thinking or {}).get("type")
+        if kind == "enabled":
+            budget = self.thinking.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+                raise APIError(400, "thinking.budget_tokens must be a whole number of tokens", param="thinking.budget_tokens")
+            fields["thinking_token_budget"] = budget
+        elif kind == "disabled":
+            fields["chat_template_kwargs"] = {"enable_thinking": False}
+        elif kind not in (None, "adaptive"):
+            raise APIError(400, "thinking.type must be enabled, adaptive or disabled", param="thinking.type")
+        effort = (self.output_config or {}).get("effort")
+        if effort is not None:
+            if effort not in ("low", "medium", "high", "max"):
+                raise APIError(400, "output_config.effort must be low, medium, high or max", param="output_config.effort")
+            fields["reasoning_effort"] = {"max": "high"}.get(effort, effort)
+        return fields
 
 
 class TokenCountRequest(MessagesRequest):
@@ -76,21 +95,25 @@ def chat_messages(system, messages: list[dict]) -> list[dict]:
             continue
         if not isinstance(content, list):
             raise APIError(400, f"messages.{i}.content must be a string or a list of content blocks", param=f"messages.{i}.content")
-        texts, calls = [], []
+        texts, calls, thinking = [], [], []
         for j, block in enumerate(content):
             kind, where = block.get("type") if isinstance(block, dict) else None, f"messages.{i}.content.{j}"
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
+            elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])
             elif kind == "tool_use" and role == "assistant" and isinstance(block.get("id"), str) and isinstance(block.get("name"), str):
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
             elif kind == "tool_result" and role == "user" and isinstance(block.get("tool_use_id"), str):
                 result = _text(block.get("content", ""), where)  # a failed call's result says so, as Anthropic shows it the model
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": f"Error: {result}" if block.get("is_error") else result})
-            elif kind not in ("thinking", "redacted_thinking"):  # never made here: a replayed model's thinking is left out
-                raise APIError(400, f"{where}: this server reads text, tool_use and tool_result blocks (got {kind!r})", param=where)
+            elif kind != "redacted_thinking":  # another model's encrypted thinking: left out
+                raise APIError(400, f"{where}: this server reads text, thinking, tool_use and tool_result blocks (got {kind!r})", param=where)
         if texts or calls or not content:
             message = {"role": role, "content": "".join(texts) if texts or not calls else None}
+            if thinking:
+                message["reasoning_content"] = "".join(thinking)  # for templates that keep it
             out.append(dict(message, tool_calls=calls) if calls else message)
     return out
 
@@ -144,14 +167,16 @@ class MessageRun:
         """(stop_reason, stop_sequence)."""
         if calls:
             return "tool_use", None
-        stop_string = self.gen.assembler.stop_string
+        stop_string = self.gen.reader.stop_string
         if stop_string is not None:
             return "stop_sequence", stop_string
         return ("end_turn" if self.gen.finish_reason() == "stop" else "max_tokens"), None
 
-    def blocks(self, text: str) -> tuple[list[dict], list]:
-        content, calls = self.tools.parse(text)
-        blocks = [{"type": "text", "text": content}] if content or not calls else []
+    def blocks(self, reply) -> tuple[list[dict], list]:
+        """The reply's content blocks: its thinking, its text, its tool calls."""
+        content, calls = self.tools.parse(reply)
+        blocks = [thinking_block(reply.reasoning)] if reply.reasoning else []
+        blocks += [{"type": "text", "text": content or ""}] if content or not calls else []
         return blocks + [{"type": "tool_use", "id": f"toolu_{c.id.removeprefix('call_')}", "name": c.name, "input": c.arguments}
                          for c in calls], calls
 
@@ -160,31 +185,36 @@ class MessageRun:
                 "stop_reason": stop[0], "stop_sequence": stop[1],
                 "usage": usage(self.gen.prompt_tokens, self.gen.handle.cached_tokens, output_tokens)}
 
-    def finish(self, text: str, events: list) -> dict:
-        content, calls = self.blocks(text)
+    def finish(self, reply, events: list) -> dict:
+        content, calls = self.blocks(reply)
         return self.message(content, self.stop(calls), len(events))
 
     async def events(self):
-        """message_start, content blocks (text deltas as they come; tool calls, read from the whole
-        reply, at its end), message_delta with the stop reason and usage, message_stop; an engine
-        error is an error event."""
+        """message_start, content blocks (thinking and text deltas as they come; tool calls, read
+        from the whole reply, at its end), message_delta with the stop reason and usage,
+        message_stop; an engine error is an error event."""
         yield sse("message_start", message=self.message([], (None, None), 0))
         try:
             if self.tools.active:
-                text, events = await self.gen.collect()
-                content, calls = self.blocks(text)
+                reply, events = await self.gen.collect()
+                content, calls = self.blocks(reply)
                 for index, block in enumerate(content):
                     for event in block_events(index, block):
                         yield event
             else:
-                yield sse("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                events, calls, blocks = [], [], StreamedBlocks()
+                if self.gen.reasoning_tokens is None:  # a reply of text alone: its block opens at once
+                    for event in blocks.open("text"):
+                        yield event
                 yield sse("ping")
-                events, calls = [], []
-                async for text, piece_events, _ in self.gen.pieces():
+                async for parts, piece_events, _ in self.gen.pieces():
                     events += piece_events
-                    if text:
-                        yield sse("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
-                yield sse("content_block_stop", index=0)
+                    for kind, text in (("thinking", parts.reasoning), ("text", parts.content)):
+                        if text:
+                            for event in blocks.delta(kind, text):
+                                yield event
+                for event in blocks.close(final=True):
+                    yield event
         except (MiniLLMError, APIError) as e:
             yield sse("error", error=error_body(engine_error(e))["error"])
             return
@@ -193,9 +223,48 @@ class MessageRun:
         yield sse("message_stop")
 
 
+def thinking_block(text: str) -> dict:
+    """A thinking block; its signature empty (nothing here is signed, and a replayed one is read as text)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+class StreamedBlocks:
+    """The content blocks of a streamed reply, opened and closed as its parts change (thinking,
+    then text): start, deltas, stop."""
+
+    DELTAS = {"thinking": "thinking_delta", "text": "text_delta"}
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def open(self, kind: str):
+        yield from self.close()
+        self.index, self.kind = self.index + 1, kind
+        yield sse("content_block_start", index=self.index, content_block=thinking_block("") if kind == "thinking" else {"type": "text", "text": ""})
+
+    def delta(self, kind: str, text: str):
+        if kind != self.kind:
+            yield from self.open(kind)
+        yield sse("content_block_delta", index=self.index, delta={"type": self.DELTAS[kind], kind: text})
+
+    def close(self, final: bool = False):
+        """Stop the open block; at the end, a reply without text still gets its (empty) text block."""
+        if final and self.kind != "text":
+            yield from self.open("text")
+        if self.kind == "thinking":
+            yield sse("content_block_delta", index=self.index, delta={"type": "signature_delta", "signature": ""})
+        if self.kind is not None:
+            yield sse("content_block_stop", index=self.index)
+            self.kind = None
+
+
 def block_events(index: int, block: dict):
     """A finished content block's start, delta and stop events."""
-    if block["type"] == "text":
+    if block["type"] == "thinking":
+        yield sse("content_block_start", index=index, content_block=thinking_block(""))
+        yield sse("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
+        yield sse("content_block_delta", index=index, delta={"type": "signature_delta", "signature": ""})
+    elif block["type"] == "text":
         yield sse("content_block_start", index=index, content_block={"type": "text", "text": ""})
         yield sse("content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]})
     else:

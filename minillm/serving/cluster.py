@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, TokenEvent, check_prompt
+from ..core.reasoning import ThinkingControl
 from ..errors import GenerationError, MiniLLMError, UsageError
 from ..options import Options
 
@@ -72,6 +73,8 @@ class EngineReplica:
         llm = self.llm
         try:
             constraint = llm.grammars.compile(spec["grammar"], "grammar") if spec.get("grammar") else None
+            if spec.get("thinking"):  # a reasoning reply's budget and answer-only grammar (minillm.core.reasoning)
+                constraint = ThinkingControl(llm.tokenizer, llm.reasoning, spec["prompt"], spec["thinking"]["budget"], constraint)
             handle = llm.engine.submit(
                 spec["prompt"], spec["params"], spec["max_tokens"], spec["stop_ids"], spec["logprobs"],
                 loop=asyncio.get_running_loop(), fit_max_tokens=spec["fit_max_tokens"], constraint=constraint,
@@ -158,6 +161,7 @@ class RemoteEngine:
         handle.prompt_tokens = len(prompt)
         spec = {"prompt": prompt, "params": params, "max_tokens": max_tokens, "stop_ids": list(stop_ids), "logprobs": logprobs,
                 "fit_max_tokens": fit_max_tokens, "grammar": constraint.grammar if constraint is not None else None,
+                "thinking": {"budget": constraint.budget} if isinstance(constraint, ThinkingControl) else None,
                 "prompt_logprobs": prompt_logprobs, "prediction": list(prediction)}
         self.in_flight += 1
         handle.task = asyncio.get_running_loop().create_task(self._relay(spec, handle))
@@ -298,7 +302,7 @@ class RemoteLLM:
         self.model = SimpleNamespace(config=cfg, ctx=cfg.context_size(options.ctx))
         self.engine = RemoteEngine(handle, cfg.vocab_size, self.model.ctx, replicas * options.max_batch + options.max_queue)
         self.handle, self.deployment = handle, deployment
-        self.files = LLMFiles(self.model_dir, cfg)  # each part read on first use
+        self.files = LLMFiles(self.model_dir, cfg, options.chat_template)  # each part read on first use
 
     @property
     def tokenizer(self):

@@ -29,7 +29,7 @@ def too_large(max_body_bytes: int) -> str:
 
 def protected(path: str) -> bool:
     """The routes the API key guards: the OpenAI API and the tokenizer's."""
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/apply-template")
 
 
 def split_list(value: str | None) -> tuple[str, ...]:

@@ -59,6 +59,10 @@ def joined_text(content) -> str | None:
 # ------------------------------------------------------------------ request schemas
 
 
+# what the server hands every chat template itself (minillm.core.tokenizer.Tokenizer.apply_chat_template)
+RENDERER_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class StrictModel(BaseModel):
     # NaN and Infinity are rejected; unknown OpenAI fields are accepted and ignored.
     model_config = ConfigDict(allow_inf_nan=False, extra="allow")
@@ -210,6 +214,7 @@ class Message(StrictModel):
     tool_call_id: str | None = None  # a tool result's call
     name: str | None = None
     function_call: dict | None = None  # an earlier call in the deprecated functions form (its result: role "function")
+    reasoning_content: str | None = None  # an earlier reply's thinking, for templates that keep it
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -231,8 +236,18 @@ class ChatRequest(SamplingRequest):
     function_call: str | dict | None = None
     modalities: list[str] | None = None
     audio: dict | None = None
+    # reasoning models (minillm.core.reasoning) and the template
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)  # vLLM's: thinking tokens before the answer is made to start
+    chat_template_kwargs: dict | None = None  # variables for the chat template (Qwen3's enable_thinking...)
+    continue_final_message: bool | None = None  # None: a final assistant message is continued (llama.cpp's prefill)
+    add_generation_prompt: bool = True
 
     def check_supported(self) -> None:
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(400, "continue_final_message: the last message must be the assistant's", param="continue_final_message")
+        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true", param="add_generation_prompt")
         if self.audio is not None or any(m != "text" for m in self.modalities or ()):
             raise APIError(400, "modalities: this server answers in text only", param="modalities" if self.modalities else "audio")
         if self.functions is not None and self.tools is not None:
@@ -259,19 +274,55 @@ class ChatRequest(SamplingRequest):
     def chat_messages(self) -> list[dict]:
         """Messages as chat templates take them (tool calls and results kept; the deprecated
         function_call and role "function" as a tool call and its result)."""
-        out, last_call = [], None
-        for m in self.messages:
+        out, last_call, calls = [], None, set()
+        for i, m in enumerate(self.messages):
             message = {"role": m.role, "content": None if (m.tool_calls or m.function_call) and m.content is None else m.text()}
             for key in ("tool_calls", "tool_call_id", "name"):
                 if getattr(m, key) is not None:
                     message[key] = getattr(m, key)
+            if m.reasoning_content and m.role == "assistant":  # Qwen3's templates read reasoning_content, gpt-oss's thinking
+                message.update(reasoning_content=m.reasoning_content, thinking=m.reasoning_content)
             if m.function_call is not None:
                 last_call = f"call_{len(out)}"
                 message["tool_calls"] = [{"id": last_call, "type": "function", "function": m.function_call}]
             if m.role == "function":
                 message.update(role="tool", tool_call_id=last_call)
+            calls.update(c.get("id") for c in message.get("tool_calls") or () if isinstance(c, dict))
+            if message["role"] == "tool" and message.get("tool_call_id") is not None and message["tool_call_id"] not in calls:
+                raise APIError(400, f"messages[{i}]: the tool result for call id {message['tool_call_id']!r} answers no earlier tool call",
+                               param=f"messages[{i}].tool_call_id")
             out.append(message)
         return out
+
+    @property
+    def continues_reply(self) -> bool:
+        """The final message is an assistant's to continue, not a turn to answer: asked for, or by
+        default (as llama.cpp prefills), or with add_generation_prompt false."""
+        last = self.messages[-1]
+        if last.role != "assistant" or last.tool_calls or last.function_call or self.continue_final_message is False:
+            return False
+        return bool(self.continue_final_message or not self.add_generation_prompt or last.text())
+
+    def template_variables(self, defaults: dict) -> dict:
+        """Variables for the chat template: the server's defaults, chat_template_kwargs over them, and
+        reasoning_effort (gpt-oss's templates read it; none and minimal switch thinking off
+        where a template has the switch, enable_thinking)."""
+        variables = dict(defaults, **(self.chat_template_kwargs or {}))
+        taken = sorted(set(variables) & RENDERER_VARIABLES)
+        if taken:
+            raise APIError(400, f"chat_template_kwargs: {taken[0]!r} is set by the server", param="chat_template_kwargs")
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            if self.reasoning_effort in ("none", "minimal"):
+                variables["enable_thinking"] = False
+        return variables
+
+    def thinking_budget(self, variables: dict) -> int | None:
+        """Thinking tokens allowed before the engine ends the thinking: none at all when thinking is
+        switched off (so a model whose template has no switch answers at once too)."""
+        if variables.get("enable_thinking") is False:
+            return 0
+        return self.thinking_token_budget
 
     @property
     def token_budget(self) -> int | None:
@@ -364,9 +415,13 @@ def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logpro
     return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-def chat_message_choice(index: int, text: str | None, finish_reason: str, logprobs: dict | None, calls: dict | None = None) -> dict:
-    """`calls`: the message's tool_calls (or deprecated function_call) field, if it makes any."""
+def chat_message_choice(index: int, text: str | None, finish_reason: str, logprobs: dict | None, calls: dict | None = None,
+                        reasoning: str = "") -> dict:
+    """`calls`: the message's tool_calls (or deprecated function_call) field, if it makes any;
+    `reasoning`: a reasoning model's thinking (reasoning_content, as llama.cpp and vLLM name it)."""
     message = dict({"role": "assistant", "content": text}, **(calls or {}))
+    if reasoning:
+        message["reasoning_content"] = reasoning
     return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
@@ -381,14 +436,19 @@ def usage_chunk(rid: str, created: int, model: str, kind: str, usage_block: dict
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": usage_block}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, prediction: tuple[int, int] | None = None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, prediction: tuple[int, int] | None = None,
+          reasoning_tokens: int | None = None) -> dict:
     """Token counts; cached_tokens: prompt tokens served from the prefix cache; prediction: the
-    predicted tokens proposed and accepted, when a prediction was given."""
+    predicted tokens proposed and accepted, when a prediction was given; reasoning_tokens: those
+    of the thinking, for a reasoning model."""
     counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
               "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    details = {} if reasoning_tokens is None else {"reasoning_tokens": reasoning_tokens}
     if prediction is not None:
         proposed, accepted = prediction
-        counts["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": proposed - accepted}
+        details.update(accepted_prediction_tokens=accepted, rejected_prediction_tokens=proposed - accepted)
+    if details:
+        counts["completion_tokens_details"] = details
     return counts
 
 

@@ -17,6 +17,7 @@ from typing import ClassVar, Literal, Union
 
 from pydantic import Field
 
+from ..core.detokenize import Parts
 from ..errors import MiniLLMError
 from .openai_protocol import APIError, ChatRequest, SamplingRequest, chat_logprobs, engine_error
 
@@ -48,12 +49,15 @@ class ResponsesRequest(SamplingRequest):
     metadata: dict[str, str] | None = None
     background: bool = False
     truncation: Literal["disabled"] = "disabled"
+    reasoning: dict | None = None  # {"effort": ..., "summary": ...}
 
     def check_supported(self) -> None:
         if self.background:
             raise APIError(400, "background: this server answers in the foreground", param="background")
         if self.n != 1:
             raise APIError(400, "n: a response has one output; send several requests", param="n")
+        if (self.reasoning or {}).keys() - {"effort", "summary", "generate_summary"}:
+            raise APIError(400, "reasoning: only effort and summary are read here", param="reasoning")
 
     @property
     def logprobs(self) -> bool:
@@ -67,6 +71,8 @@ class ResponsesRequest(SamplingRequest):
                     max_tokens=self.max_output_tokens or self.max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0,
                     parallel_tool_calls=self.parallel_tool_calls,
                     response_format=response_format(self.text) if self.text is not None else self.response_format)
+        if (self.reasoning or {}).get("effort") is not None:
+            chat["reasoning_effort"] = self.reasoning["effort"]
         if self.tools:
             chat.update(tools=chat_tools(self.tools), tool_choice=chat_tool_choice(self.tool_choice))
         elif self.tool_choice not in (None, "auto", "none"):
@@ -88,14 +94,18 @@ def in_request_terms(error: APIError) -> APIError:
 
 def input_messages(items: list[dict], instructions: str | None) -> list[dict]:
     """Input items as chat messages: messages as they are, a function call as an assistant's tool
-    call (joined to the assistant message before it), its output as a tool message."""
+    call (joined to the assistant message before it), its output as a tool message, a reasoning
+    item's text as the thinking of the assistant message after it."""
     messages = [{"role": "system", "content": instructions}] if instructions else []
+    thinking = ""
     for i, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message":
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"input[{i}].role must be user, system, developer or assistant", param=f"input[{i}].role")
             messages.append({"role": item["role"], "content": _text(item.get("content"), f"input[{i}].content")})
+            if item["role"] == "assistant" and thinking:
+                messages[-1]["reasoning_content"], thinking = thinking, ""
         elif kind == "function_call":
             fields = [item.get(key) for key in ("call_id", "name", "arguments")]
             if not all(isinstance(field, str) for field in fields):
@@ -105,11 +115,15 @@ def input_messages(items: list[dict], instructions: str | None) -> list[dict]:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if thinking:
+                messages[-1]["reasoning_content"], thinking = thinking, ""
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise APIError(400, f"input[{i}].call_id must be a string", param=f"input[{i}].call_id")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item.get("output"), f"input[{i}].output")})
-        elif kind != "reasoning":  # never made here: another model's reasoning, replayed by a client, is left out
+        elif kind == "reasoning":  # its text (ours); another model's encrypted reasoning is left out
+            thinking += "".join(part.get("text", "") for part in item.get("content") or () if isinstance(part, dict))
+        else:
             raise APIError(400, f"input[{i}].type: {kind!r} items are not read by this server", param=f"input[{i}].type")
     return messages
 
@@ -184,9 +198,16 @@ def function_call_item(call) -> dict:
             "arguments": json.dumps(call.arguments), "status": "completed"}
 
 
-def usage(input_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+def reasoning_item(item_id: str, text: str, summary: bool, status: str = "completed") -> dict:
+    """A reasoning model's thinking: its text as reasoning_text (as gpt-oss's own server gives it),
+    and as the summary when one is asked for (nothing here condenses it)."""
+    return {"type": "reasoning", "id": item_id, "status": status, "content": [{"type": "reasoning_text", "text": text}],
+            "summary": [{"type": "summary_text", "text": text}] if summary and text else []}
+
+
+def usage(input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict:
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
 
@@ -260,19 +281,23 @@ class ResponseRun:
     def __init__(self, body: ResponsesRequest, gen, tools, history: list[dict], model: str, token_text, store: ResponseStore):
         self.body, self.gen, self.tools, self.history = body, gen, tools, history
         self.model, self.token_text, self.store = model, token_text, store
-        self.id, self.message_id = new_id("resp"), new_id("msg")
+        self.id, self.message_id, self.reasoning_id = new_id("resp"), new_id("msg"), new_id("rs")
+        self.summary = (body.reasoning or {}).get("summary") is not None
         self.response: dict | None = None  # once finished
 
     def logprobs(self, events) -> list | None:
         return chat_logprobs(events, self.token_text)["content"] if self.body.logprobs else None
 
-    def finish(self, text: str, events: list) -> dict:
-        """The finished Response (stored if asked): a message, unless the reply is only calls, then its calls."""
-        content, calls = self.tools.parse(text)
+    def finish(self, reply, events: list) -> dict:
+        """The finished Response (stored if asked): the thinking of a reasoning model, then a
+        message, unless the reply is only calls, then its calls."""
+        content, calls = self.tools.parse(reply)
         status = "completed" if calls or self.gen.finish_reason() == "stop" else "incomplete"
-        output = [message_item(self.message_id, content or "", status, self.logprobs(events))] if content or not calls else []
+        output = [reasoning_item(self.reasoning_id, reply.reasoning, self.summary)] if reply.reasoning else []
+        output += [message_item(self.message_id, content or "", status, self.logprobs(events))] if content or not calls else []
         output += [function_call_item(call) for call in calls]
-        response = self.snapshot(status, output, usage(self.gen.prompt_tokens, self.gen.handle.cached_tokens, len(events)))
+        response = self.snapshot(status, output, usage(self.gen.prompt_tokens, self.gen.handle.cached_tokens, len(events),
+                                                       self.gen.reasoning_tokens or 0))
         if self.body.store:
             self.store.keep(response, self.history + self.body.input_items() + output)
         return response
@@ -305,23 +330,53 @@ class ResponseRun:
         yield stream.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
 
     async def text_events(self, stream: EventStream):
-        """A message item whose text is streamed as it becomes final; self.response set at the end."""
-        item = message_item(self.message_id, "", "in_progress", None)
-        yield stream.event("response.output_item.added", output_index=0, item=dict(item, content=[]))
-        place = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-        yield stream.event("response.content_part.added", part=item["content"][0], **place)
-        texts, all_events = [], []
-        async for text, events, _ in self.gen.pieces():
+        """A reasoning item whose text is streamed as it becomes final, when the model thinks, then a
+        message item likewise; self.response set at the end."""
+        reply, all_events, message_at = Parts(), [], None
+        if self.gen.reasoning_tokens is None:  # a model that does not think: its message opens at once
+            message_at = 0
+            for event in self.message_added(stream, 0):
+                yield event
+        async for parts, events, _ in self.gen.pieces():
             all_events += events
-            if text:
-                texts.append(text)
-                yield stream.event("response.output_text.delta", delta=text, logprobs=self.logprobs(events) or [], **place)
-        self.response = self.finish("".join(texts), all_events)
-        message = self.response["output"][0]
-        part = message["content"][0]
-        yield stream.event("response.output_text.done", text=part["text"], logprobs=part.get("logprobs", []), **place)
-        yield stream.event("response.content_part.done", part=part, **place)
-        yield stream.event("response.output_item.done", output_index=0, item=message)
+            if parts.reasoning:
+                if not reply.reasoning:
+                    item = reasoning_item(self.reasoning_id, "", False, "in_progress")
+                    yield stream.event("response.output_item.added", output_index=0, item=dict(item, content=[]))
+                    yield stream.event("response.content_part.added", part=item["content"][0], **self.place(self.reasoning_id, 0))
+                yield stream.event("response.reasoning_text.delta", delta=parts.reasoning, **self.place(self.reasoning_id, 0))
+            reply.add(parts)
+            if parts.content:
+                if message_at is None:
+                    message_at = 1 if reply.reasoning else 0
+                    for event in self.message_added(stream, message_at):
+                        yield event
+                yield stream.event("response.output_text.delta", delta=parts.content, logprobs=self.logprobs(events) or [],
+                                   **self.place(self.message_id, message_at))
+        self.response = self.finish(reply, all_events)
+        for index, item in enumerate(self.response["output"]):
+            if item["type"] == "reasoning":
+                place, part = self.place(self.reasoning_id, index), item["content"][0]
+                yield stream.event("response.reasoning_text.done", text=part["text"], **place)
+            elif item["type"] == "message":
+                if message_at is None:  # nothing but thinking came: the message opens now, empty
+                    for event in self.message_added(stream, index):
+                        yield event
+                place, part = self.place(self.message_id, index), item["content"][0]
+                yield stream.event("response.output_text.done", text=part["text"], logprobs=part.get("logprobs", []), **place)
+            else:
+                continue
+            yield stream.event("response.content_part.done", part=part, **place)
+            yield stream.event("response.output_item.done", output_index=index, item=item)
+
+    def message_added(self, stream: EventStream, index: int):
+        item = message_item(self.message_id, "", "in_progress", None)
+        yield stream.event("response.output_item.added", output_index=index, item=dict(item, content=[]))
+        yield stream.event("response.content_part.added", part=item["content"][0], **self.place(self.message_id, index))
+
+    @staticmethod
+    def place(item_id: str, index: int) -> dict:
+        return {"item_id": item_id, "output_index": index, "content_index": 0}
 
 
 def item_events(stream: EventStream, index: int, item: dict):
@@ -332,6 +387,13 @@ def item_events(stream: EventStream, index: int, item: dict):
         yield stream.event("response.content_part.added", part=dict(part, text=""), **place)
         yield stream.event("response.output_text.delta", delta=part["text"], logprobs=part.get("logprobs", []), **place)
         yield stream.event("response.output_text.done", text=part["text"], logprobs=part.get("logprobs", []), **place)
+        yield stream.event("response.content_part.done", part=part, **place)
+    elif item["type"] == "reasoning":
+        yield stream.event("response.output_item.added", output_index=index, item=dict(item, content=[], status="in_progress"))
+        part, place = item["content"][0], {"item_id": item["id"], "output_index": index, "content_index": 0}
+        yield stream.event("response.content_part.added", part=dict(part, text=""), **place)
+        yield stream.event("response.reasoning_text.delta", delta=part["text"], **place)
+        yield stream.event("response.reasoning_text.done", text=part["text"], **place)
         yield stream.event("response.content_part.done", part=part, **place)
     else:
         yield stream.event("response.output_item.added", output_index=index, item=dict(item, arguments="", status="in_progress"))

@@ -35,7 +35,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..api import LLM
-from ..core.detokenize import TextAssembler
+from ..core.detokenize import Parts, PlainReader
+from ..core.reasoning import ReplyReader, ThinkingControl, reasoning_format
 from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, ShutdownError, TokenEvent
 from ..core.structured import StructuredOutputError, response_format_constraint
 from ..errors import ContextLengthError, MiniLLMError
@@ -54,7 +55,7 @@ from .openai_protocol import (
 from .anthropic import MessageRun, MessagesRequest, TokenCountRequest, error_body
 from .responses import ResponseRun, ResponseStore, ResponsesRequest, in_request_terms
 from .gate import Gate, too_large
-from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, parse_tool_calls,
+from .tools import (call_grammar, check_tools, forced_names, generic_messages, generic_system_text, harmony_calls, parse_tool_calls,
                     template_format, template_messages)
 
 MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt longer than ctx * this many characters cannot fit
@@ -136,40 +137,46 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T | Respon
 
 
 class Generation:
-    """One request running in the engine, read as text: pieces as they become final (cut at stop
-    strings), the whole text, or server-sent events."""
+    """One request running in the engine, read as a reply (minillm.core.reasoning: its thinking,
+    answer and Harmony calls apart, or plain text): parts as they become final (the answer cut at
+    stop strings), the whole reply, or server-sent events."""
 
-    def __init__(self, handle: RequestHandle, assembler: TextAssembler, prompt_tokens: int, id_prefix: str, model: str):
-        self.handle, self.assembler, self.prompt_tokens, self.model = handle, assembler, prompt_tokens, model
+    def __init__(self, handle: RequestHandle, reader: PlainReader | ReplyReader, prompt_tokens: int, id_prefix: str, model: str):
+        self.handle, self.reader, self.prompt_tokens, self.model = handle, reader, prompt_tokens, model
         self.id, self.created = f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
 
-    async def pieces(self) -> AsyncIterator[tuple[str, list[TokenEvent], bool]]:
-        """(text, the TokenEvents behind it, final?) as text becomes final; the last item carries
+    async def pieces(self) -> AsyncIterator[tuple[Parts, list[TokenEvent], bool]]:
+        """(parts, the TokenEvents behind them, final?) as text becomes final; the last item carries
         the tail. Stops early (cancelling the request) at a stop string."""
         events: list[TokenEvent] = []
         async for event in self.handle.events():
             events.append(event)
-            text = self.assembler.push(event.token)
-            if text or self.assembler.stopped:
-                yield text, events, False
+            parts = self.reader.push(event.token)
+            if parts or self.reader.stopped:
+                yield parts, events, False
                 events = []
-            if self.assembler.stopped:
+            if self.reader.stopped:
                 break
-        yield self.assembler.finish(), events, True
+        yield self.reader.finish(), events, True
 
-    async def collect(self) -> tuple[str, list[TokenEvent]]:
-        """The whole text and every TokenEvent, for a response that is not streamed."""
-        text, events = [], []
+    async def collect(self) -> tuple[Parts, list[TokenEvent]]:
+        """The whole reply and every TokenEvent, for a response that is not streamed."""
+        reply, events = Parts(), []
         try:
-            async for piece, piece_events, _ in self.pieces():
-                text.append(piece)
+            async for parts, piece_events, _ in self.pieces():
+                reply.add(parts)
                 events += piece_events
         except MiniLLMError as e:
             raise engine_error(e) from None
-        return "".join(text), events
+        return reply, events
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens of the thinking; None for a reply read as plain text."""
+        return self.reader.thinking_tokens if isinstance(self.reader, ReplyReader) else None
 
     def finish_reason(self) -> str:
-        if self.assembler.stopped or self.handle.finish_reason == "stop":
+        if self.reader.stopped or self.handle.finish_reason == "stop":
             return "stop"
         return "length"  # max_tokens, or the context filled up
 
@@ -194,7 +201,12 @@ class Choices:
         if self.predicted:
             prediction = (sum(g.handle.proposed_tokens for g in self.gens), sum(g.handle.accepted_tokens for g in self.gens))
         return oai.usage(sum(g.prompt_tokens for g in self.firsts), completion_tokens, sum(g.handle.cached_tokens for g in self.firsts),
-                         prediction)
+                         prediction, self.reasoning_tokens)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        counts = [g.reasoning_tokens for g in self.gens]
+        return None if None in counts else sum(counts)
 
     async def collect(self) -> list[tuple[Generation, tuple[str, list[TokenEvent]]]]:
         results = await asyncio.gather(*(gen.collect() for gen in self.gens))
@@ -281,6 +293,8 @@ class ChatTools:
             raise self._error(str(e), e.param) from None
         if not self.active:
             return
+        if self.format == "harmony" and forced is not None:
+            raise self._error("tool_choice: a Harmony model (gpt-oss) decides when to call; use auto or none", "tool_choice")
         if self.format == "generic":
             self.system = generic_system_text(tools, forced)
             self.grammar = call_grammar(self.functions, forced or list(self.functions), "generic", may_answer=forced is None)
@@ -308,12 +322,15 @@ class ChatTools:
             return generic_messages(messages, self.system)
         return template_messages(messages)
 
-    def parse(self, text: str):
+    def parse(self, reply: Parts):
         """The reply's content and its calls (none when no tools are offered): with
-        parallel_tool_calls false, the first call only."""
+        parallel_tool_calls false, the first call only. A Harmony reply's calls were read apart."""
         if not self.active:
-            return text, []
-        content, calls = parse_tool_calls(text, self.format, self.functions)
+            return reply.content, []
+        if self.format == "harmony":
+            content, calls = reply.content or None, harmony_calls(reply.calls, self.functions)
+        else:
+            content, calls = parse_tool_calls(reply.content, self.format, self.functions)
         return content, calls[: self.most]
 
 
@@ -321,8 +338,9 @@ class Prepared:
     """A request made ready off the event loop: its prompt's tokens and each choice's sampling
     settings and grammar (compiled, its first mask computed)."""
 
-    def __init__(self, prompt_ids: list[int], plans: list[tuple], tools: ChatTools | None = None):
+    def __init__(self, prompt_ids: list[int], plans: list[tuple], tools: ChatTools | None = None, reasoning: bool = False):
         self.prompt_ids, self.plans, self.tools = prompt_ids, plans, tools
+        self.reasoning = reasoning  # the reply is read as thinking and answer (minillm.core.reasoning)
         self.prediction: list[int] | None = None  # the tokens of the request's predicted output
         self.echo = ""  # completions' echo: the prompt's text, which the choices' text starts with
 
@@ -331,9 +349,12 @@ class Service:
     """What the endpoints share: the model (None while it loads), the API key, counters, and
     starting a generation."""
 
-    def __init__(self, llm: LLM | None, model_name: str, api_key: str | None, max_body_mb: float = DEFAULTS.max_body_mb):
+    def __init__(self, llm: LLM | None, model_name: str, api_key: str | None, options: Options = DEFAULTS):
         self.model_name, self.api_key = model_name, api_key
-        self.max_body_bytes = int(max_body_mb * 2**20)
+        self.max_body_bytes = int(options.max_body_mb * 2**20)
+        self.read_reasoning = options.reasoning_format == "auto"
+        self.template_defaults = options.template_variables  # --chat-template-kwargs
+        self.reasoning = None  # the model's reasoning format, once loaded
         self.llm: LLM | None = None
         self.created = int(time.time())
         self.errors = 0  # requests refused before they reached the engine
@@ -351,6 +372,7 @@ class Service:
         gc.freeze()
         self.tokenizer = llm.tokenizer
         self.ctx = llm.model.ctx
+        self.reasoning = reasoning_format(self.tokenizer) if self.read_reasoning else None
         self.llm = llm
 
     def require_ready(self) -> None:
@@ -429,16 +451,43 @@ class Service:
             batch.append(prepared)
         return batch
 
-    def prepare_chat(self, body: ChatRequest) -> Prepared:
+    def render_chat(self, body: ChatRequest) -> tuple[str, ChatTools, dict]:
+        """The chat's prompt text (a new turn for the model, or its final message continued), its
+        tools, and the template's variables."""
         body.check_supported()
+        self.check_reasoning_fields(body)
         messages = body.chat_messages()
         self.check_prompt_text("".join(m["content"] or "" for m in messages), "messages")
         tools = ChatTools(self, body)
+        variables = body.template_variables(self.template_defaults)
+        continued = body.continues_reply
         try:
-            prompt_ids = self.tokenizer.encode_chat(tools.messages(messages), tools=tools.template_tools)
+            text = self.tokenizer.apply_chat_template(tools.messages(messages), body.add_generation_prompt and not continued,
+                                                      tools.template_tools, variables, continued)
         except MiniLLMError as e:
             raise APIError(400, str(e), param="messages") from None
-        prepared = Prepared(prompt_ids, self.plans(body, tools.grammar), tools)
+        return text, tools, variables
+
+    def check_reasoning_fields(self, body: ChatRequest) -> None:
+        """A budget or an effort asked of a model that does not think apart from its answer is a
+        400, not a field without effect (its template may still read reasoning_effort)."""
+        if self.reasoning is not None:
+            return
+        why = "this model's replies are not read as thinking and answer (no <think> or Harmony markers, or --reasoning-format none)"
+        if body.thinking_token_budget is not None:
+            raise APIError(400, f"thinking_token_budget: {why}", param="thinking_token_budget")
+        if body.reasoning_effort not in (None, "none", "minimal") and "reasoning_effort" not in (self.tokenizer.chat_template or ""):
+            raise APIError(400, f"reasoning_effort: {why}, and its chat template does not read it", param="reasoning_effort")
+
+    def prepare_chat(self, body: ChatRequest) -> Prepared:
+        text, tools, variables = self.render_chat(body)
+        prompt_ids = self.encode(text, "messages", add_special_tokens=False)  # the template writes any BOS itself
+        plans = self.plans(body, tools.grammar)
+        if self.reasoning is not None:  # the thinking's budget, and a grammar for the answer alone
+            budget = body.thinking_budget(variables)
+            plans = [(params, ThinkingControl(self.tokenizer, self.reasoning, prompt_ids, budget, constraint)
+                      if budget is not None or constraint is not None else None) for params, constraint in plans]
+        prepared = Prepared(prompt_ids, plans, tools, reasoning=self.reasoning is not None)
         prepared.prediction = self.prediction(body)
         return prepared
 
@@ -493,7 +542,7 @@ class Service:
         try:
             for one in prepared if isinstance(prepared, list) else [prepared]:
                 for k, (params, constraint) in enumerate(one.plans):
-                    gens.append(self.start(one.prompt_ids, body, id_prefix, params, constraint, one.prediction or ()))
+                    gens.append(self.start(one.prompt_ids, body, id_prefix, params, constraint, one.prediction or (), one.reasoning))
                     if k == 0:
                         firsts.append(gens[-1])
         except APIError:
@@ -502,8 +551,12 @@ class Service:
             raise
         return Choices(gens, firsts, predicted=body.prediction is not None)
 
-    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint, prediction=()) -> Generation:
-        assembler = TextAssembler(self.tokenizer, body.stops())
+    def start(self, prompt_ids: list[int], body: SamplingRequest, id_prefix: str, params, constraint, prediction=(),
+              reasoning: bool = False) -> Generation:
+        if reasoning:
+            reader = ReplyReader(self.tokenizer, self.reasoning, prompt_ids, body.stops())
+        else:
+            reader = PlainReader(self.tokenizer, body.stops())
         try:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
@@ -516,7 +569,7 @@ class Service:
             raise APIError(400, str(e), param=e.param, code="context_length_exceeded") from None
         except MiniLLMError as e:
             raise APIError(400, str(e), param="prompt") from None
-        return Generation(handle, assembler, len(prompt_ids), id_prefix, self.model_name)
+        return Generation(handle, reader, len(prompt_ids), id_prefix, self.model_name)
 
     def metrics_text(self) -> str:
         engine = self.llm.engine
@@ -579,7 +632,7 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, opt
     """The app; with llm None it answers 503 until app.state.service.attach(llm). options: the
     HTTP server's (host, max_body_mb, allowed_hosts, allowed_origins)."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
-    service = app.state.service = Service(llm, model_name, api_key, options.max_body_mb)
+    service = app.state.service = Service(llm, model_name, api_key, options)
     app.add_middleware(Gate, service=service, bind=options.host, allowed_hosts=options.allowed_hosts,
                        allowed_origins=options.allowed_origins, max_body_bytes=service.max_body_bytes)
     _add_error_handlers(app, service)
@@ -630,7 +683,7 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
 
 
 def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
-    """llama.cpp's /tokenize and /detokenize (which take vLLM's shapes too), vLLM's /tokenizer_info."""
+    """llama.cpp's /tokenize, /detokenize (which take vLLM's shapes too) and /apply-template, vLLM's /tokenizer_info."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -653,6 +706,13 @@ def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         text = await asyncio.to_thread(service.tokenizer.decode, body.tokens, skip_special_tokens=False)
         return {"content": text, "prompt": text}  # llama.cpp's name, vLLM's
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        """llama.cpp's: a chat request's prompt as the model would read it, rendered, not run."""
+        body = await service.parse(request, ChatRequest)
+        text, _, _ = await asyncio.to_thread(service.render_chat, body)
+        return {"prompt": text}
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
@@ -740,7 +800,8 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
         if body.stream:
             async def chunks(i: int, gen: Generation):
                 echo, offset = body.echo, 0
-                async for text, events, final in gen.pieces():
+                async for parts, events, final in gen.pieces():
+                    text = parts.content
                     if echo:  # the prompt's logprobs are known with the first event
                         yield oai.completion_choice(i, prompt_of(i).echo, None, logprobs(i, gen, [], 0, echoed=True)), 0
                         echo, offset = False, len(prompt_of(i).echo)
@@ -754,8 +815,8 @@ def _add_completion_routes(app: FastAPI, service: Service) -> None:
             return results
         kept = _best_of(results, body.candidates, body.n)
         return dict(choices.response("text_completion", [
-            oai.completion_choice(k, prompt_of(i).echo + text, gen.finish_reason(), logprobs(i, gen, events, 0, echoed=body.echo))
-            for k, (i, (gen, (text, events))) in enumerate(kept)]),
+            oai.completion_choice(k, prompt_of(i).echo + reply.content, gen.finish_reason(), logprobs(i, gen, events, 0, echoed=body.echo))
+            for k, (i, (gen, (reply, events))) in enumerate(kept)]),
             usage=choices.usage(sum(len(events) for _, (_, events) in results)))
 
 
@@ -784,31 +845,37 @@ def _add_chat_route(app: FastAPI, service: Service) -> None:
         choices = service.start_choices(prepared, body, "chatcmpl")
         logprobs = lambda events: None if not body.logprobs else oai.chat_logprobs(events, service.token_text)
 
-        def reply(i: int, gen: Generation, text: str, events: list[TokenEvent], streamed: bool) -> dict:
-            content, calls = tools.parse(text)
-            fields, reason = tools.reply_fields(calls, streamed) if calls else (None, gen.finish_reason())
+        def reply(i: int, gen: Generation, parts: Parts, events: list[TokenEvent], streamed: bool) -> dict:
+            content, calls = tools.parse(parts)
+            fields, reason = tools.reply_fields(calls, streamed) if calls else ({}, gen.finish_reason())
             if not streamed:
-                return oai.chat_message_choice(i, content, reason, logprobs(events), fields)
+                return oai.chat_message_choice(i, content, reason, logprobs(events), fields, parts.reasoning)
             return oai.chat_delta_choice(i, fields or {"content": content or ""}, reason, logprobs(events))
 
         if body.stream:
             async def chunks(i: int, gen: Generation):
                 yield oai.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, logprobs([])), 0
-                if tools.active:  # calls are read from the whole reply: it comes at the end
-                    text, events = await gen.collect()
-                    yield reply(i, gen, text, events, streamed=True), len(events)
+                if tools.active:  # calls are read from the whole reply: it comes at the end, after its thinking
+                    parts, events = await gen.collect()
+                    if parts.reasoning:
+                        yield oai.chat_delta_choice(i, {"reasoning_content": parts.reasoning}, None, None), 0
+                    yield reply(i, gen, parts, events, streamed=True), len(events)
                     return
-                async for text, events, final in gen.pieces():
-                    if text or final:
-                        delta = {"content": text} if text else {}
+                async for parts, events, final in gen.pieces():
+                    answered = bool(parts.content) or final
+                    if parts.reasoning:  # the thinking's deltas come before the answer's, and carry its tokens
+                        delta, events_here = {"reasoning_content": parts.reasoning}, [] if answered else events
+                        yield oai.chat_delta_choice(i, delta, None, logprobs(events_here) if events_here else None), len(events_here)
+                    if answered:
+                        delta = {"content": parts.content} if parts.content else {}
                         yield oai.chat_delta_choice(i, delta, gen.finish_reason() if final else None, logprobs(events)), len(events)
 
             return choices.sse_response(chunks, "chat.completion.chunk", body.include_usage)
         results = await until_disconnected(request, choices.collect())
         if isinstance(results, Response):
             return results
-        return dict(choices.response("chat.completion", [reply(i, gen, text, events, streamed=False)
-                                                          for i, (gen, (text, events)) in enumerate(results)]),
+        return dict(choices.response("chat.completion", [reply(i, gen, parts, events, streamed=False)
+                                                          for i, (gen, (parts, events)) in enumerate(results)]),
                     usage=choices.usage(sum(len(events) for _, (_, events) in results)))
 
 

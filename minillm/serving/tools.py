@@ -27,6 +27,8 @@ FORMATS = ("hermes", "mistral", "llama3", "generic")
 
 def template_format(template: str) -> str:
     """The tool-call format a chat template teaches."""
+    if "<|channel|>" in template:  # gpt-oss: calls are messages addressed to=functions.NAME (minillm.core.reasoning)
+        return "harmony"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -144,6 +146,12 @@ def _json(text: str):
         return json.loads(text)
     except ValueError:
         return None
+
+
+def harmony_calls(calls, functions: dict[str, dict]) -> list[ToolCall]:
+    """A Harmony reply's calls (minillm.core.reasoning.HarmonyCall) of known functions whose
+    arguments are a JSON object."""
+    return [call for call in (_call({"name": c.name, "arguments": c.arguments}, "arguments", functions) for c in calls) if call is not None]
 
 
 def _call(item, key: str, functions: dict[str, dict]) -> ToolCall | None:
