@@ -85,7 +85,7 @@ class LLM:
 
             model_dir = default_model_dir(progress=progress)
         self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
-        self.model = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads,
+        self._model: Model | None = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads,
                                 kv_dtype=options.kv_dtype)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
@@ -109,19 +109,28 @@ class LLM:
     def grammars(self) -> "GrammarCompiler":
         return self.files.grammars
 
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            raise GenerationError("this LLM was closed (LLM.close); load the model again")
+        return self._model
+
     @cached_property
     def engine(self) -> Engine:
         """The batching engine thread, started on first use; it ends with close() or when this
         LLM is garbage collected (the thread alone would keep the weights alive)."""
         engine = Engine(self.model, self.options, draft=self.draft)
-        weakref.finalize(self, engine.close, timeout=0)
+        self._stop_engine = weakref.finalize(self, engine.close, timeout=0)
         return engine
 
     def close(self) -> None:
-        """Stop the engine: requests still running end with a ShutdownError, new ones are
-        refused, and the model's memory goes with the last reference to this LLM."""
+        """Stop the engine (requests still running end with a ShutdownError) and let go of the
+        weights, even while something still holds this LLM (a server's routes, a web framework's
+        caches); using it afterwards is an error."""
         if "engine" in self.__dict__:
-            self.engine.close()
+            self.__dict__.pop("engine").close()
+            self._stop_engine.detach()  # the finalizer's reference to the engine goes too
+        self._model = self.draft = None
 
     def __enter__(self) -> "LLM":
         return self

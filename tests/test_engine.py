@@ -2,17 +2,23 @@
 decodes gives the tokens and logprobs of a whole prefill, embeddings go through the same steps,
 cancelled requests leave, a burst fills the free slots and the queue."""
 
+import gc
 import threading
 import warnings
+import weakref
 
 import numpy as np
 import pytest
 from hf_tiny import VOCAB, make_checkpoint
+from reasoning_tiny import make_reasoning_model
+
+import minillm
 
 from minillm.core.engine import Engine, QueueFullError, ShutdownError, token_logprobs
 from minillm.core.model import Model
 from minillm.core.prefix_cache import PrefixCache
 from minillm.core.sampling import SamplingParams
+from minillm.errors import GenerationError
 from minillm.options import Options
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -156,6 +162,27 @@ def test_shut_down_ends_every_request_with_its_error(model):
             list(events_left)
     with pytest.raises(ShutdownError):
         engine.submit([1], GREEDY, 1)
+
+
+def test_a_closed_llm_lets_go_of_its_weights_and_thread(tmp_path):
+    """close() ends the engine thread and frees the weights even while something still holds the
+    LLM (as a web framework's caches hold a server's routes); a dropped LLM ends its thread too."""
+    make_reasoning_model(tmp_path, "qwen3")  # a tiny model with a tokenizer
+    held = minillm.load(str(tmp_path), progress=False)
+    held.generate([1, 2, 3], max_tokens=2, temperature=0)
+    weights, thread = weakref.ref(held.model), held.engine._thread
+    held.close()
+    gc.collect()
+    assert weights() is None and not thread.is_alive()
+    with pytest.raises(GenerationError, match="closed"):
+        held.generate([1, 2], max_tokens=1)
+    dropped = minillm.load(str(tmp_path), progress=False)
+    dropped.generate([1, 2, 3], max_tokens=2, temperature=0)
+    thread = dropped.engine._thread
+    del dropped
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_a_cache_smaller_than_a_block_warns(model):
