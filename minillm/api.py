@@ -178,6 +178,8 @@ class LLM:
         thinking False switches it off (the template's enable_thinking, and no thinking tokens
         allowed); thinking_budget: thinking tokens before the model is made to answer;
         chat_template_kwargs: more variables for the template."""
+        if thinking_budget is not None and self.reasoning is None:
+            raise GenerationError("thinking_budget: this model's replies are not read as thinking and answer")
         variables = dict(self.options.template_variables, **(chat_template_kwargs or {}))
         if not thinking:
             variables["enable_thinking"], thinking_budget = False, 0

@@ -36,8 +36,8 @@ from starlette.exceptions import HTTPException
 
 from ..api import LLM
 from ..core.detokenize import Parts, PlainReader
-from ..core.reasoning import ReplyReader, ThinkingControl, reasoning_format
 from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, ShutdownError, TokenEvent
+from ..core.reasoning import ReplyReader, ThinkingControl, reasoning_format
 from ..core.structured import StructuredOutputError, response_format_constraint
 from ..errors import ContextLengthError, MiniLLMError
 from ..options import DEFAULTS, Options
@@ -208,7 +208,7 @@ class Choices:
         counts = [g.reasoning_tokens for g in self.gens]
         return None if None in counts else sum(counts)
 
-    async def collect(self) -> list[tuple[Generation, tuple[str, list[TokenEvent]]]]:
+    async def collect(self) -> list[tuple[Generation, tuple[Parts, list[TokenEvent]]]]:
         results = await asyncio.gather(*(gen.collect() for gen in self.gens))
         return list(zip(self.gens, results))
 
