@@ -342,7 +342,7 @@ def test_compare_per_layer_compares_the_routers(checkpoint):
 
 
 @pytest.mark.slow  # a server
-def test_the_server_serves_a_mixture_of_experts(tmp_path):
+def test_the_server_serves_a_mixture_of_experts(tmp_path, request):
     """A tiny Qwen3-MoE GGUF (with its vocabulary) behind the OpenAI server: chat, a JSON schema,
     a forced tool call, through the official client."""
     import socket
@@ -360,6 +360,7 @@ def test_the_server_serves_a_mixture_of_experts(tmp_path):
     # every byte a token (JSON can be written), room for the tools in the prompt
     make_checkpoint(tmp_path / "hf", **dict(GGUF_CASES["qwen3_moe"], vocab_size=300, max_position_embeddings=2048))
     llm = minillm.load(write_gguf(tmp_path / "hf", tmp_path / "moe.gguf"), progress=False)
+    request.addfinalizer(llm.close)  # its server's routes outlive the test (FastAPI caches them)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -448,7 +448,7 @@ def test_suffix_fills_in_the_middle_where_the_tokenizer_has_the_markers(default_
     pre, suf, mid = fim.tokenizer.fill_in_middle
     prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
     ids = [pre] + fim.tokenizer.encode(prefix, add_special_tokens=False) + [suf] + fim.tokenizer.encode(suffix, add_special_tokens=False) + [mid]
-    with TestClient(create_app(fim, "fim"), base_url="http://localhost") as http:
+    with fim, TestClient(create_app(fim, "fim"), base_url="http://localhost") as http:
         reply = http.post("/v1/completions", json={"prompt": prefix, "suffix": suffix, "max_tokens": 8, "temperature": 0}).json()
         assert reply["usage"]["prompt_tokens"] == len(ids)
         assert reply["choices"][0]["text"] == fim.generate(ids, max_tokens=8, temperature=0)

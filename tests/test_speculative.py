@@ -225,8 +225,12 @@ def test_the_default_model_gives_the_same_text_faster_in_steps(default_model_dir
     logprobs are the same with speculation, and a copying task takes fewer steps than tokens."""
     import minillm
 
-    plain = minillm.load(default_model_dir, ctx=1024, cache_mb=0)
-    spec = minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative="ngram")
+    with minillm.load(default_model_dir, ctx=1024, cache_mb=0) as plain, \
+            minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative="ngram") as spec:
+        same_text_and_fewer_steps(plain, spec)
+
+
+def same_text_and_fewer_steps(plain, spec):
     for kwargs in ({"temperature": 0}, {"temperature": 0.8, "seed": 5}, {"temperature": 0, "stop": ["dawn"]}):
         assert spec.generate(COPY, max_tokens=40, **kwargs) == plain.generate(COPY, max_tokens=40, **kwargs)
     schema = {"type": "object", "properties": {"animal": {"type": "string"}, "count": {"type": "integer"}}, "required": ["animal", "count"]}
@@ -253,19 +257,23 @@ def test_forty_prompts_give_the_same_text(default_model_dir, dtype):
     the engine: every text equals plain decoding's."""
     import minillm
 
-    llm = minillm.load(default_model_dir, ctx=512, dtype=dtype, cache_mb=0)
-    draft = Model.load(default_model_dir, ctx=512, dtype="int8" if dtype == "float32" else "q4_0")
-    base = Options(max_batch=8, cache_mb=0)
-    engines = {"plain": Engine(llm.model, base), "ngram": Engine(llm.model, base.replace(speculative="ngram")),
-               "draft": Engine(llm.model, base.replace(speculative="draft"), draft=draft)}
-    prompts = _prompts(llm.tokenizer)
-    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=7)):
-        results = {}
-        for mode, engine in engines.items():
-            handles = [engine.submit(p, params, 24, llm.eos_ids) for p in prompts]
-            results[mode] = [[e.token for e in h] for h in handles]
-        assert results["ngram"] == results["plain"] and results["draft"] == results["plain"]
-    assert engines["ngram"].stats.spec_accepted_tokens > 0 and engines["draft"].stats.spec_accepted_tokens > 0
+    with minillm.load(default_model_dir, ctx=512, dtype=dtype, cache_mb=0) as llm:
+        draft = Model.load(default_model_dir, ctx=512, dtype="int8" if dtype == "float32" else "q4_0")
+        base = Options(max_batch=8, cache_mb=0)
+        engines = {"plain": Engine(llm.model, base), "ngram": Engine(llm.model, base.replace(speculative="ngram")),
+                   "draft": Engine(llm.model, base.replace(speculative="draft"), draft=draft)}
+        try:
+            prompts = _prompts(llm.tokenizer)
+            for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=7)):
+                results = {}
+                for mode, engine in engines.items():
+                    handles = [engine.submit(p, params, 24, llm.eos_ids) for p in prompts]
+                    results[mode] = [[e.token for e in h] for h in handles]
+                assert results["ngram"] == results["plain"] and results["draft"] == results["plain"]
+            assert engines["ngram"].stats.spec_accepted_tokens > 0 and engines["draft"].stats.spec_accepted_tokens > 0
+        finally:
+            for engine in engines.values():  # an engine's thread holds its weights until it ends
+                engine.close()
 
 
 @pytest.mark.slow
@@ -305,8 +313,10 @@ def test_the_server_gives_the_same_replies(default_model_dir, mode):
                 out = list(pool.map(one, bodies))
             return out, http.get("/metrics").text
 
-    plain, _ = replies(minillm.load(default_model_dir, ctx=1024, cache_mb=0))
-    spec, metrics = replies(minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative=mode))
+    with minillm.load(default_model_dir, ctx=1024, cache_mb=0) as llm:
+        plain, _ = replies(llm)
+    with minillm.load(default_model_dir, ctx=1024, cache_mb=0, speculative=mode) as llm:
+        spec, metrics = replies(llm)
     assert spec == plain
     assert "minillm:spec_decode_num_draft_tokens_total" in metrics
 
@@ -323,8 +333,7 @@ def test_a_predicted_output_gives_the_same_reply_in_fewer_steps(default_model_di
 
     code = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
     chat = {"messages": [{"role": "user", "content": "Rename width to w in this code, reply with the code only:\n" + code}], "max_tokens": 60}
-    llm = minillm.load(default_model_dir, ctx=1024, cache_mb=0)
-    with TestClient(create_app(llm, "m"), base_url="http://localhost") as http:
+    with minillm.load(default_model_dir, ctx=1024, cache_mb=0) as llm, TestClient(create_app(llm, "m"), base_url="http://localhost") as http:
         replies = []
         for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 4}):
             plain = http.post("/v1/chat/completions", json={**chat, **sampling}).json()

@@ -101,8 +101,7 @@ def test_a_template_without_tools_gets_the_generic_format(default_model_dir):
     """The tools go into a system message; the reply, constrained to a call, parses into tool_calls."""
     from fastapi.testclient import TestClient
 
-    app = create_app(minillm.load(default_model_dir, ctx=512), "plain")
-    with TestClient(app, base_url="http://localhost") as http:
+    with minillm.load(default_model_dir, ctx=512) as llm, TestClient(create_app(llm, "plain"), base_url="http://localhost") as http:
         response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
                                                            "tool_choice": "required", "max_tokens": 80, "temperature": 0})
         assert response.status_code == 200, response.text
