@@ -25,7 +25,7 @@ import numpy as np
 from .core.detokenize import TextStream
 from .core.engine import Engine, check_prompt
 from .core.model import Model
-from .core.reasoning import ReasoningFormat, ReplyReader, ThinkingControl, reasoning_format
+from .core.reasoning import ReasoningFormat, ReplyReader, reasoning_format, reply_constraint
 from .core.sampling import SamplingParams
 from .core.tokenizer import Tokenizer
 from .errors import GenerationError, UsageError
@@ -220,8 +220,7 @@ class LLM:
         reader = None
         if chat and self.reasoning is not None:  # the thinking apart, its budget, a grammar for the answer alone
             reader = ReplyReader(self.tokenizer, self.reasoning, ids, stop)
-            if thinking_budget is not None or constraint is not None:
-                constraint = ThinkingControl(self.tokenizer, self.reasoning, ids, thinking_budget, constraint)
+            constraint = reply_constraint(self.tokenizer, self.reasoning, ids, thinking_budget, constraint)
         handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction)
         return TextStream(handle, self.tokenizer, stop, owner=self, reader=reader)
 

@@ -97,6 +97,9 @@ def test_a_think_reply_splits_in_every_api(kind, text, models, servers, monkeypa
     assert [item.type for item in response.output] == ["reasoning", "message"]
     assert response.output[0].content[0].text == "let me think about it" and response.output_text == "the answer is 42"
     assert response.usage.output_tokens_details.reasoning_tokens == 5
+    for asked in ({"summary": "auto"}, {"generate_summary": "auto"}):  # the summary field, and its older name
+        summed = oai(base).responses.create(model=kind, input="hello", max_output_tokens=40, reasoning=asked)
+        assert [s.text for s in summed.output[0].summary] == ["let me think about it"]
     events = list(oai(base).responses.create(model=kind, input="hello", max_output_tokens=40, stream=True))
     thinking = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")

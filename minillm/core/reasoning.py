@@ -202,6 +202,14 @@ class ReplyReader(PlainReader):
         return parts
 
 
+def reply_constraint(tokenizer: Tokenizer, fmt: ReasoningFormat, prompt: list[int], budget: int | None, answer=None):
+    """The engine's constraint for a reasoning reply: a ThinkingControl where a budget or a grammar
+    needs one, else none at all (a reply that only thinks and answers costs the engine nothing)."""
+    if budget is None and answer is None:
+        return None
+    return ThinkingControl(tokenizer, fmt, prompt, budget, answer)
+
+
 class ThinkingControl:
     """The engine's constraint for a reasoning reply (the interface of minillm.core.structured's
     Constraint): counts thinking tokens, and once `budget` of them are spent writes the

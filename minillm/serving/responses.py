@@ -282,7 +282,8 @@ class ResponseRun:
         self.body, self.gen, self.tools, self.history = body, gen, tools, history
         self.model, self.token_text, self.store = model, token_text, store
         self.id, self.message_id, self.reasoning_id = new_id("resp"), new_id("msg"), new_id("rs")
-        self.summary = (body.reasoning or {}).get("summary") is not None
+        reasoning = body.reasoning or {}
+        self.summary = (reasoning.get("summary") or reasoning.get("generate_summary")) is not None  # generate_summary: the older name
         self.response: dict | None = None  # once finished
 
     def logprobs(self, events) -> list | None:

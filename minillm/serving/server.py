@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException
 from ..api import LLM
 from ..core.detokenize import Parts, PlainReader
 from ..core.engine import INTER_TOKEN_BUCKETS, QueueFullError, RequestHandle, ShutdownError, TokenEvent
-from ..core.reasoning import ReplyReader, ThinkingControl, reasoning_format
+from ..core.reasoning import ReplyReader, reasoning_format, reply_constraint
 from ..core.structured import StructuredOutputError, response_format_constraint
 from ..errors import ContextLengthError, MiniLLMError
 from ..options import DEFAULTS, Options
@@ -485,8 +485,7 @@ class Service:
         plans = self.plans(body, tools.grammar)
         if self.reasoning is not None:  # the thinking's budget, and a grammar for the answer alone
             budget = body.thinking_budget(variables)
-            plans = [(params, ThinkingControl(self.tokenizer, self.reasoning, prompt_ids, budget, constraint)
-                      if budget is not None or constraint is not None else None) for params, constraint in plans]
+            plans = [(params, reply_constraint(self.tokenizer, self.reasoning, prompt_ids, budget, constraint)) for params, constraint in plans]
         prepared = Prepared(prompt_ids, plans, tools, reasoning=self.reasoning is not None)
         prepared.prediction = self.prediction(body)
         return prepared
