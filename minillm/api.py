@@ -29,6 +29,7 @@ from .core.reasoning import ReasoningFormat, ReplyReader, reasoning_format, repl
 from .core.sampling import SamplingParams
 from .core.tokenizer import Tokenizer
 from .errors import GenerationError, UsageError
+from .loading.hub import model_path
 from .options import DEFAULTS, Options
 
 if TYPE_CHECKING:
@@ -79,12 +80,8 @@ class LLM:
 
     def __init__(self, options: Options = DEFAULTS, progress: bool = True):
         self.options = options
-        model_dir = options.model
-        if model_dir is None:
-            from .loading.default_model import default_model_dir
-
-            model_dir = default_model_dir(progress=progress)
-        self.source = Path(model_dir)  # what was loaded: a checkpoint directory or a GGUF file
+        # what was loaded: a checkpoint directory or a GGUF file (a Hub name's, in the Hub's cache)
+        self.source = model_path(options.model, options.revision, progress)
         self._model: Model | None = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads,
                                 kv_dtype=options.kv_dtype)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
@@ -289,9 +286,9 @@ def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:
     """(the directory with tokenizer.json, tokenizer_config.json and generation_config.json, the
     config.json to read) for a checkpoint directory, a GGUF file (its tokenizer rebuilt from
     the metadata once, kept in the model store) or None (the default model)."""
-    from .loading.default_model import default_model_dir, weights_dir
+    from .loading.default_model import weights_dir
 
-    source = default_model_dir(progress=False) if source is None else Path(source)
+    source = model_path(source, progress=False)
     if source.is_dir():
         return source, source / "config.json"
     from .loading.gguf_file import tokenizer_dir
@@ -330,7 +327,7 @@ def load_draft(model: Model, source: Path, options: Options) -> Model:
     """The draft model of `--speculative draft` for `model` (loaded from `source`):
     options.draft_model (default: the model's own weights) at options.draft_dtype (default int8, or
     q4_0 for a GGUF), with the model's context."""
-    source = Path(options.draft_model) if options.draft_model else Path(source)
+    source = model_path(options.draft_model) if options.draft_model else Path(source)
     dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
     draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads, kv_dtype=options.kv_dtype)
     if draft.config.vocab_size != model.config.vocab_size:

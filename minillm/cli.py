@@ -9,6 +9,12 @@
     python cli.py serve      [--model DIR] [--port 8000] [--max-batch N] [--api-key KEY]
     python cli.py warmup     [--model PATH | --dtype D | --formats F ...]
     python cli.py import     FILE.gguf DIR
+    python cli.py pull       ORG/NAME[:QUANT] [--revision REV]
+    python cli.py list
+    python cli.py rm         ORG/NAME[:QUANT]
+
+--model takes a checkpoint directory, a GGUF file or a Hugging Face Hub name (ORG/NAME,
+ORG/NAME:QUANT), which is downloaded once into the Hub's cache.
 
 Any error is one line on stderr and exit code 2.
 """
@@ -38,7 +44,8 @@ def _model_flags(p) -> None:
     from minillm.kernels.formats import DTYPE_CHOICES, KV_DTYPE_CHOICES
     from minillm.options import Options
 
-    p.add_argument("--model", metavar="PATH", help=Options.help("model"))
+    p.add_argument("--model", metavar="PATH|NAME", help=Options.help("model"))
+    p.add_argument("--revision", metavar="REV", help=Options.help("revision"))
     p.add_argument("--ctx", type=int, metavar="N", help=Options.help("ctx"))
     p.add_argument(
         "--dtype",
@@ -57,7 +64,7 @@ def _speculative_flags(p) -> None:
     from minillm.options import Options
 
     p.add_argument("--speculative", choices=["ngram", "draft"], help=Options.help("speculative"))
-    p.add_argument("--draft-model", metavar="PATH", help=Options.help("draft_model"))
+    p.add_argument("--draft-model", metavar="PATH|NAME", help=Options.help("draft_model"))
     p.add_argument("--draft-dtype", metavar="D", help=Options.help("draft_dtype"))
     p.add_argument("--spec-tokens", type=int, metavar="K", help=Options.help("spec_tokens"))
     p.add_argument("--spec-ngram", type=int, metavar="N", help=Options.help("spec_ngram"))
@@ -149,7 +156,7 @@ def _setup_commands(sub) -> None:
 
     wu = sub.add_parser("warmup", help="compile the kernels for this CPU ahead of time (images, replicas), then exit")
     what = wu.add_mutually_exclusive_group()
-    what.add_argument("--model", metavar="PATH", help="what this model needs (default: the bundled model at float32)")
+    what.add_argument("--model", metavar="PATH|NAME", help="what this model needs (default: the bundled model at float32)")
     what.add_argument("--dtype", choices=[d for d in DTYPE_CHOICES if d != "gguf"], help="what a checkpoint loaded at this precision needs")
     what.add_argument("--formats", nargs="+", metavar="F", help="these weight formats (a GGUF's: Q4_0, Q4_K, Q6_K, Q8_0, ..)")
     wu.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default="float32", help="and the forward pass for this KV cache format")
@@ -159,6 +166,14 @@ def _setup_commands(sub) -> None:
     im = sub.add_parser("import", help="import a Llama-architecture GGUF file as an HF-format directory")
     im.add_argument("gguf", metavar="FILE.gguf")
     im.add_argument("dest", metavar="DIR")
+
+    # models by name, in the Hugging Face Hub's cache (minillm.loading.hub)
+    pl = sub.add_parser("pull", help="download a Hub model (ORG/NAME, or ORG/NAME:QUANT for a GGUF repository's file) into the cache")
+    pl.add_argument("name", metavar="ORG/NAME[:QUANT]")
+    pl.add_argument("--revision", metavar="REV", help="a branch, tag or commit (default: main)")
+    sub.add_parser("list", help="the Hub models in the cache, with their sizes")
+    rm = sub.add_parser("rm", help="delete a model from the cache (ORG/NAME:QUANT: only that quantization's files)")
+    rm.add_argument("names", nargs="+", metavar="ORG/NAME[:QUANT]")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -302,10 +317,9 @@ def cmd_bench(args) -> int:
 
     if args.prompt_tokens < 1 or args.gen_tokens < 0:
         raise UsageError("--prompt-tokens must be >= 1 and --gen-tokens >= 0")
-    if args.model is None:
-        from minillm.loading.default_model import default_model_dir
+    from minillm.loading.hub import model_path
 
-        args.model = str(default_model_dir())
+    args.model = str(model_path(args.model, args.revision))
     prompt = None
     if args.prompt_file:
         text = _read_text(args.prompt_file, "--prompt-file")
@@ -533,6 +547,52 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_pull(args) -> int:
+    from minillm.loading.hub import ModelName, resolve
+
+    if ModelName.parse(args.name) is None:
+        raise _usage(f"pull: {args.name!r} is not a model name (ORG/NAME or ORG/NAME:QUANT)")
+    path = resolve(args.name, args.revision)
+    print(path)  # where it is: what --model could also be given
+    return 0
+
+
+def cmd_list(args) -> int:
+    from minillm.loading.hub import Hub, age, cached_models
+
+    hub = Hub.from_environment()
+    models = cached_models(hub)
+    if not models:
+        print(f"no models in {hub.cache_dir} (fetch one: minillm pull ORG/NAME)", file=sys.stderr)
+        return 0
+    width = max(len(m.name) for m in models)
+    print(f"{'NAME':<{width}}  {'SIZE':>9}  MODIFIED")
+    for m in models:
+        print(f"{m.name:<{width}}  {_size(m.size):>9}  {age(m.modified)}")
+    return 0
+
+
+def cmd_rm(args) -> int:
+    from minillm.loading.hub import remove
+
+    for name in args.names:
+        for gone in remove(name):
+            print(f"deleted {gone}", file=sys.stderr)
+    return 0
+
+
+def _size(nbytes: int) -> str:
+    """Decimal units, as Ollama's and the Hub's listings show sizes."""
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")) if nbytes >= s), (1, "B"))
+    return f"{nbytes / scale:.1f} {unit}" if scale > 1 else f"{nbytes} B"
+
+
+def _usage(message: str):
+    from minillm import UsageError
+
+    return UsageError(message)
+
+
 COMMANDS = {
     "generate": cmd_generate,
     "chat": cmd_chat,
@@ -543,6 +603,9 @@ COMMANDS = {
     "serve": cmd_serve,
     "warmup": cmd_warmup,
     "import": cmd_import,
+    "pull": cmd_pull,
+    "list": cmd_list,
+    "rm": cmd_rm,
 }
 
 
@@ -550,7 +613,7 @@ def main(argv=None) -> int:
     args = _build_parser().parse_args(argv)
     from minillm import MiniLLMError
 
-    if args.command != "import":  # every other command runs the kernels
+    if args.command not in ("import", "pull", "list", "rm"):  # every other command runs the kernels
         from minillm.kernels.jit import load_numba_registries
 
         load_numba_registries()  # without SciPy's BLAS and cffi: ~20 MB less at peak

@@ -39,3 +39,7 @@ class ContextLengthError(GenerationError):
 
 class UsageError(MiniLLMError):
     """A malformed command-line value, e.g. `--tokens 1,x,3`."""
+
+
+class HubError(MiniLLMError):
+    """A model named as ORG/NAME[:QUANT] cannot be found, reached or downloaded."""

@@ -21,7 +21,10 @@ DEFAULT_SPEC_NGRAM = 3  # and prompt lookup's longest n-gram
 @dataclass(frozen=True)
 class Options:
     # the model
-    model: str | None = field(default=None, metadata={"help": "an HF checkpoint directory or a GGUF file (default: the bundled model)"})
+    model: str | None = field(default=None, metadata={"help": "an HF checkpoint directory, a GGUF file, or a Hugging Face Hub name ORG/NAME "
+                              "(ORG/NAME:QUANT picks a GGUF repository's file, e.g. :Q4_K_M), downloaded once into the Hub's cache "
+                              "(default: the bundled model)"})
+    revision: str | None = field(default=None, metadata={"help": "with a Hub name, its branch, tag or commit (default: main)"})
     ctx: int | None = field(default=None, metadata={"help": "context size (default: min(max positions, 4096))"})
     dtype: str | None = field(default=None, metadata={"help": "weight precision (kernels.formats.DTYPE_CHOICES)"})
     check_weights: bool = field(default=False, metadata={"help": "reject weights containing NaN or Inf"})
@@ -81,6 +84,11 @@ class Options:
         if self.reasoning_format not in ("auto", "none"):
             raise UsageError(f"reasoning-format must be auto or none, got {self.reasoning_format!r}")
         self.template_variables  # noqa: B018 - checks the JSON
+        if self.revision is not None:
+            from .loading.hub import names_a_model
+
+            if not names_a_model(self.model):
+                raise UsageError("--revision is for a Hugging Face Hub name (--model ORG/NAME), not a local path or the bundled model")
         if self.replicas is not None and self.autoscale is not None:
             raise UsageError("--replicas and --autoscale: give one (a fixed count, or MIN:MAX)")
 
@@ -94,6 +102,10 @@ class Options:
             return self.model_name
         if self.model is None:
             return DEFAULT_MODEL_NAME
+        from .loading.hub import names_a_model
+
+        if names_a_model(self.model):  # as vLLM and Ollama answer to the name they were given
+            return self.model
         path = Path(self.model)
         return path.stem if path.suffix == ".gguf" else path.resolve().name
 

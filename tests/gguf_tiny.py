@@ -23,7 +23,7 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, fuse_gate_up_exps: bool = False) -> Path:
+def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, fuse_gate_up_exps: bool = False, split_max_tensors: int = 0) -> Path:
     """Convert the checkpoint in hf_dir to a GGUF at path: F32 tensors, or 2-D weights (and 3-D
     experts) quantized to `qtype` (a gguf.GGMLQuantizationType, or a function of the GGUF tensor
     name giving one or None) where their rows allow it. vocab: tokenizer metadata (make_vocab's),
@@ -41,7 +41,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     head_dim = cfg.get("head_dim") or H // heads
     rope = cfg.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)  # split: gguf-split's NAME-0000i-of-0000N.gguf
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
     w.add_block_count(L)
@@ -125,8 +125,9 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
+    first = w.format_shard_names(Path(path))[0]  # path itself unless split
     w.close()
-    return path
+    return first
 
 
 def _split_gpt_oss_experts(tensors: dict) -> dict:

@@ -149,9 +149,9 @@ def test_vectors_are_read_not_mapped(gguf_case):
     vectors = [t for t in model.entries.values() if len(t.shape) == 1]
     assert vectors
     for t in vectors:
-        read, mapped = model._raw(t), tensor_bytes(model._data, model.layout, t)
+        read, mapped = model._raw(t), tensor_bytes(model._maps[0], model.layout, t)
         np.testing.assert_array_equal(read, mapped)
-        assert not np.shares_memory(read, model._data), t.name
+        assert not np.shares_memory(read, model._maps[0]), t.name
 
 
 def test_a_gguf_converts_to_other_precisions(gguf_case):

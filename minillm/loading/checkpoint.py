@@ -162,7 +162,10 @@ def _shard_path(model_dir: Path, index: Path, shard) -> Path:
     ):
         raise CheckpointError(f"{index}: shard name {shard!r} is not a plain file name")
     path = model_dir / shard
-    if not path.resolve().is_relative_to(model_dir.resolve()):
+    target, home = path.resolve(), model_dir.resolve()
+    # a Hugging Face cache snapshot (minillm.loading.hub) links each file to its repository's blobs/
+    in_hub_cache = home.parent.name == "snapshots" and target.parent == home.parent.parent / "blobs"
+    if not (target.is_relative_to(home) or in_hub_cache):
         raise CheckpointError(f"{index}: shard {shard!r} leads outside the model directory")
     if not path.is_file():
         raise CheckpointError(f"{index}: shard {shard!r} does not exist")

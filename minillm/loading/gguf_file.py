@@ -9,11 +9,13 @@ interleaved Q/K rows, Gemma's norms stored as 1 + w, and Phi-3's longrope factor
 RoPE frequency factors kept as tensors become config fields again.
 
 Only check_gguf parses the file; everything here reads the layout it validated, through a
-read-only memory map.
+read-only memory map. A split file (llama.cpp's gguf-split: `NAME-00001-of-0000N.gguf`, metadata
+in the first part, tensors spread over all) is read as one, given its first part.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 
@@ -95,19 +97,22 @@ class GGUFModel:
             raise GGUFError(
                 f"{self.path}: metadata 'general.architecture' is {self.arch!r}; supported: {', '.join(ARCHITECTURES)}"
             )
-        self._by_gguf_name = {t.name: t for t in self.layout.tensors}
+        self.parts = split_parts(self.path, self.layout)  # [(path, layout)]: the file, or each part of a split one
+        self._part_of = {t.name: i for i, (_, layout) in enumerate(self.parts) for t in layout.tensors}
+        self.tensors = [t for _, layout in self.parts for t in layout.tensors]
+        self._by_gguf_name = {t.name: t for t in self.tensors}
         self.config = hf_config(self.meta, self.arch, self._small_tensor)
         self.config["tie_word_embeddings"] = "output.weight" not in self._by_gguf_name
         try:
             self.cfg = ModelConfig.from_dict(self.config, source=str(self.path))
         except ConfigError as e:
             raise GGUFError(str(e)) from None
-        fused = any(t.name.endswith("ffn_gate_up_exps.weight") for t in self.layout.tensors)
+        fused = any(t.name.endswith("ffn_gate_up_exps.weight") for t in self.tensors)
         expected = expected_shapes(self.cfg, expert_layout="gguf_fused" if fused else "gguf")
         to_gguf = gguf_names(self.arch, self.cfg.num_hidden_layers, expected)
         found = {}
         self.entries: dict[str, TensorEntry] = {}
-        for t in self.layout.tensors:
+        for t in self.tensors:
             if t.name in ROPE_TENSORS:
                 continue
             hf = to_gguf.get(t.name)
@@ -121,20 +126,22 @@ class GGUFModel:
         self.expected = expected  # HF name -> shape
 
     @cached_property
-    def _data(self) -> np.memmap:
+    def _maps(self) -> list[np.memmap]:
         # copy-on-write: arrays stay writeable (one Numba specialisation for every weight, as
         # safetensors_io maps its files) and nothing is ever written back
-        return np.memmap(self.path, dtype=np.uint8, mode="c")
+        return [np.memmap(path, dtype=np.uint8, mode="c") for path, _ in self.parts]
 
     def _raw(self, t: TensorEntry) -> np.ndarray:
+        part = self._part_of[t.name]
+        path, layout = self.parts[part]
         if len(t.shape) == 1:
             # Read, not mapped: a fault on the map maps the page cache's whole folio around the
             # page, which after a sequential read spans megabytes of matrices already copied into
             # their runnable layout. Reading the norms through the map kept ~9-20 MB of the default
             # model's Q4_0 file in this process's memory, as much as the page cache's folios held.
-            start = self.layout.data_start + t.offset
-            return np.fromfile(self.path, np.uint8, count=t.nbytes, offset=start).reshape(1, t.nbytes)
-        return tensor_bytes(self._data, self.layout, t)
+            start = layout.data_start + t.offset
+            return np.fromfile(path, np.uint8, count=t.nbytes, offset=start).reshape(1, t.nbytes)
+        return tensor_bytes(self._maps[part], layout, t)
 
     def _small_tensor(self, name: str) -> np.ndarray | None:
         """A 1-D float32 tensor read whole (RoPE factors), or None if the file has none."""
@@ -204,6 +211,33 @@ class GGUFModel:
 
     def generation_config(self) -> dict:
         return {k: self.config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if self.config.get(k) is not None}
+
+
+def split_parts(path: Path, layout: GGUFLayout) -> list[tuple[Path, GGUFLayout]]:
+    """The parts of a split GGUF given its first (each checked, numbered and counted as the first
+    says), or [(path, layout)] for a whole file."""
+    meta = Metadata(layout.metadata, path)
+    count = meta.typed("split.count", int, 1)
+    if count <= 1:
+        return [(path, layout)]
+    numbered = re.search(r"-00001-of-(\d{5})\.gguf$", path.name)
+    if meta.typed("split.no", int, 0) != 0 or numbered is None or int(numbered[1]) != count:
+        raise GGUFError(f"{path}: part of a GGUF split in {count}; give its first part, named ...-00001-of-{count:05d}.gguf")
+    parts = [(path, layout)]
+    for number in range(2, count + 1):
+        part = path.with_name(f"{path.name[:numbered.start()]}-{number:05d}-of-{count:05d}.gguf")
+        if not part.is_file():
+            raise GGUFError(f"{part}: missing part {number} of {count} of the split GGUF {path.name}")
+        part_layout = check_gguf(part)
+        found = Metadata(part_layout.metadata, part).typed("split.no", int)
+        if found != number - 1:
+            raise GGUFError(f"{part}: metadata 'split.no' is {found}, expected {number - 1}")
+        parts.append((part, part_layout))
+    total = meta.typed("split.tensors.count", int)
+    held = sum(len(part_layout.tensors) for _, part_layout in parts)
+    if total is not None and held != total:
+        raise GGUFError(f"{path}: metadata 'split.tensors.count' is {total}, but the {count} parts hold {held} tensors")
+    return parts
 
 
 def unpermute_rows(rows: int, heads: int) -> np.ndarray:
@@ -426,9 +460,9 @@ def tokenizer_dir(path: str | Path, store: Path) -> Path:
     import os
     import shutil
 
-    path = Path(path).resolve()
+    path = Path(path).absolute()  # not resolved: a split file's parts are found beside the name given (a Hub cache links blobs)
     stat = path.stat()
-    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = store / f"{path.stem}-{key}"
     if (dest / "generation_config.json").is_file():
         return dest
