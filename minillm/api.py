@@ -25,6 +25,7 @@ import numpy as np
 from .core.detokenize import TextStream
 from .core.engine import Engine, check_prompt
 from .core.model import Model
+from .core.prefix_cache import PrefixFile
 from .core.reasoning import ReasoningFormat, ReplyReader, reasoning_format, reply_constraint
 from .core.sampling import SamplingParams
 from .core.tokenizer import Tokenizer
@@ -116,7 +117,8 @@ class LLM:
     def engine(self) -> Engine:
         """The batching engine thread, started on first use; it ends with close() or when this
         LLM is garbage collected (the thread alone would keep the weights alive)."""
-        engine = Engine(self.model, self.options, draft=self.draft)
+        prefix_file = PrefixFile.for_model(self.options.cache_dir, self.source, self.model) if self.options.cache_dir else None
+        engine = Engine(self.model, self.options, draft=self.draft, prefix_file=prefix_file)
         self._stop_engine = weakref.finalize(self, engine.close, timeout=0)
         return engine
 

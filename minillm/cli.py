@@ -84,6 +84,8 @@ def _sampling_flags(p, max_tokens=256) -> None:
 
 
 def _text_commands(sub) -> None:
+    from minillm.options import Options
+
     g = sub.add_parser("generate", help="continue a prompt; only the generated text goes to stdout")
     _model_flags(g)
     _speculative_flags(g)
@@ -101,6 +103,7 @@ def _text_commands(sub) -> None:
     c.add_argument("--show-thinking", action="store_true", help="a reasoning model's thinking on stderr as it comes (dimmed on a terminal)")
     c.add_argument("--thinking-budget", type=int, metavar="N", help="thinking tokens before the model is made to answer")
     c.add_argument("--no-thinking", action="store_true", help="switch a reasoning model's thinking off")
+    c.add_argument("--cache-dir", metavar="DIR", help=Options.help("cache_dir"))
     _sampling_flags(c, max_tokens=512)
 
 
@@ -470,6 +473,7 @@ def _serve_flags(sv) -> None:
     sv.add_argument("--api-key", metavar="KEY", help=Options.help("api_key"))
     sv.add_argument("--shutdown-timeout", type=float, default=DEFAULTS.shutdown_timeout, metavar="S", help=Options.help("shutdown_timeout"))
     sv.add_argument("--cache-mb", type=float, metavar="MB", help=Options.help("cache_mb"))
+    sv.add_argument("--cache-dir", metavar="DIR", help=Options.help("cache_dir"))
     sv.add_argument("--prefill-chunk", type=int, metavar="N", help=Options.help("prefill_chunk"))
     sv.add_argument("--max-body-mb", type=float, default=DEFAULTS.max_body_mb, metavar="MB", help=Options.help("max_body_mb"))
     sv.add_argument("--allowed-hosts", metavar="NAMES", help=Options.help("allowed_hosts"))

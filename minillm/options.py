@@ -41,6 +41,8 @@ class Options:
     max_batch: int = field(default=8, metadata={"help": "sequences decoded together"})
     max_queue: int = field(default=64, metadata={"help": "requests allowed to wait (then 429)"})
     cache_mb: float | None = field(default=None, metadata={"help": "prefix cache memory (default: a fifth of free memory, at most 2048; 0: off)"})
+    cache_dir: str | None = field(default=None, metadata={"help": "keep the prefix cache in this directory between runs: written when idle "
+                                  "and at exit, read back when the same weights start with the same KV format"})
     speculative: str | None = field(default=None, metadata={"help": "propose tokens and keep those plain decoding would choose (the same text, faster): ngram (prompt lookup; when output repeats input) or draft (a cheaper model)"})
     draft_model: str | None = field(default=None, metadata={"help": "with --speculative draft, the model that proposes (same tokenizer; default: the model itself)"})
     draft_dtype: str | None = field(default=None, metadata={"help": "with --speculative draft, the draft's weight precision (default: int8 for a checkpoint, q4_0 for a GGUF)"})

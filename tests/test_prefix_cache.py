@@ -10,7 +10,7 @@ from hf_tiny import VOCAB, make_checkpoint
 from minillm.core.cache import KVCache
 from minillm.core.engine import Engine
 from minillm.core.model import Model
-from minillm.core.prefix_cache import BLOCK_TOKENS, PrefixCache
+from minillm.core.prefix_cache import BLOCK_TOKENS, PrefixCache, PrefixFile
 from minillm.core.sampling import SamplingParams
 from minillm.options import Options
 
@@ -119,3 +119,105 @@ def test_store_and_lookup_follow_whole_prefixes():
     prefix.store(shifted, cache)  # three new blocks evict a's, leaf first
     assert prefix.load(a + [1], KVCache(cfg, 256)) == 0
     assert prefix.load(shifted + [1], KVCache(cfg, 256)) == 3 * BLOCK_TOKENS
+
+
+# ---------------------------------------------------------------- kept on disk (--cache-dir)
+
+def _stored(model, chains, budget_mb=64):
+    """A prefix cache holding `chains` (token lists), stored in that order."""
+    prefix = PrefixCache(model.config, budget_mb=budget_mb)
+    for tokens in chains:
+        cache = model.new_cache()
+        model.forward(tokens, cache)
+        prefix.store(tokens, cache)
+    return prefix
+
+
+def test_a_saved_prefix_cache_reads_back_bit_for_bit(model, tmp_path):
+    rng = np.random.default_rng(7)
+    shared = rng.integers(0, VOCAB, size=70).tolist()
+    chains = [shared + rng.integers(0, VOCAB, size=40).tolist() for _ in range(3)]
+    saved = _stored(model, chains)
+    file = PrefixFile(tmp_path / "prefix.kv", {"weights": "tiny", "kv": "float32"})
+    assert saved.save(file) == saved.blocks_used == 2 + 3 * 1  # the shared two blocks once, then each chain's third
+    restored = PrefixCache(model.config, budget_mb=64)
+    assert restored.restore(file) == saved.blocks_used
+    assert list(restored._lru.keys()) != [] and len(restored._lru) == len(saved._lru)
+    for tokens in chains:
+        cold = model.forward(tokens, model.new_cache(), all_logits=True)
+        cache = model.new_cache()
+        got = restored.load(tokens, cache)
+        assert got == 96
+        np.testing.assert_array_equal(model.forward(tokens[got:], cache, all_logits=True), cold[got:])
+
+
+def test_a_smaller_budget_reads_back_the_most_recent_chains_whole(model, tmp_path):
+    rng = np.random.default_rng(8)
+    chains = [rng.integers(0, VOCAB, size=65).tolist() for _ in range(3)]  # two blocks each, no sharing
+    file = PrefixFile(tmp_path / "prefix.kv", {"weights": "tiny"})
+    _stored(model, chains).save(file)
+    two_blocks_mb = 2 * PrefixCache(model.config, budget_mb=1).block_bytes / 2**20
+    small = PrefixCache(model.config, budget_mb=two_blocks_mb * 1.01)
+    assert small.restore(file) == 2
+    assert small.load(chains[2], model.new_cache()) == 64  # the newest chain, root and leaf
+    assert small.load(chains[0], model.new_cache()) == 0
+
+
+def test_a_foreign_or_damaged_file_is_ignored_with_a_warning(model, tmp_path):
+    rng = np.random.default_rng(9)
+    tokens = rng.integers(0, VOCAB, size=70).tolist()
+    file = PrefixFile(tmp_path / "prefix.kv", {"weights": "tiny", "kv": "float32"})
+    _stored(model, [tokens]).save(file)
+    damaged = file.path.read_bytes()
+    cases = {
+        "written for other weights": PrefixFile(file.path, {"weights": "other", "kv": "float32"}),
+        "its size is not what its header says": file,
+        "not a minillm prefix cache file": file,
+    }
+    for expected, reader in cases.items():
+        if expected.startswith("its size"):
+            file.path.write_bytes(damaged[:-100])
+        elif expected.startswith("not a"):
+            file.path.write_bytes(b"\x00" * 200)
+        with pytest.warns(UserWarning, match=expected):
+            fresh = PrefixCache(model.config, budget_mb=64)
+            assert fresh.restore(reader) == 0
+        assert fresh.blocks_used == 0 and fresh.load(tokens, model.new_cache()) == 0
+    assert PrefixCache(model.config, budget_mb=64).restore(PrefixFile(tmp_path / "none.kv", {})) == 0  # no file: silence
+
+
+def test_an_engine_keeps_its_prefix_cache_across_a_restart(model, tmp_path):
+    """The engine writes its blocks when it ends and reads them at the next start of the same
+    model: the first request after a restart reuses its prefix, with the same tokens and logprobs."""
+    rng = np.random.default_rng(10)
+    prompt = rng.integers(0, VOCAB, size=120).tolist()
+    file = PrefixFile(tmp_path / "prefix.kv", {"weights": "tiny"})
+    first = Engine(model, Options(cache_mb=64), prefix_file=file)
+    before, hit = run(first, prompt)
+    assert hit == 0
+    first.close()
+    assert file.path.is_file()
+    again = Engine(model, Options(cache_mb=64), prefix_file=file)
+    after, hit = run(again, prompt)
+    again.close()
+    assert hit == 96 and after == before
+
+
+def test_an_idle_engine_writes_what_changed(model, tmp_path, monkeypatch):
+    """A server killed without a shutdown keeps what the last idle write held."""
+    import time
+
+    import minillm.core.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFIX_SAVE_INTERVAL", 0.2)
+    file = PrefixFile(tmp_path / "prefix.kv", {"weights": "tiny"})
+    engine = Engine(model, Options(cache_mb=64), prefix_file=file)
+    try:
+        run(engine, np.random.default_rng(11).integers(0, VOCAB, size=80).tolist())
+        deadline = time.monotonic() + 10
+        while not file.path.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert file.path.is_file() and engine.alive
+        assert PrefixCache(model.config, budget_mb=64).restore(file) == 2
+    finally:
+        engine.close()

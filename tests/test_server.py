@@ -584,3 +584,40 @@ def test_n_choices_are_the_seeded_samples_and_share_the_prompt(server, client):
     chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6,
                                           temperature=0.9, seed=3, n=2)
     assert [c.index for c in chat.choices] == [0, 1] and all(c.message.content for c in chat.choices)
+
+
+def test_a_restart_with_a_cache_dir_reuses_an_earlier_conversation(default_model_dir, tmp_path):
+    """`serve --cache-dir`: the prefix cache written at shutdown is read at the next start, so an
+    earlier conversation's next request reads its prefix from the cache, with the same reply."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT, free_port
+
+    history = [{"role": "system", "content": "You are a helpful assistant who knows lighthouses. " * 12},
+               {"role": "user", "content": "Why do lighthouses have different light patterns?"}]
+    body = {"messages": history, "max_tokens": 24, "temperature": 0}
+
+    def session() -> list[dict]:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--model", str(default_model_dir), "--port", str(port),
+                                 "--ctx", "1024", "--cache-dir", str(tmp_path / "kv")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            assert wait_until_healthy(base, 120)
+            replies = [httpx.post(base + "/v1/chat/completions", json=body, timeout=120).json()]
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            assert "Traceback" not in proc.stderr.read()
+            return replies
+        finally:
+            proc.kill()
+            proc.wait()
+
+    first = session()[0]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert list((tmp_path / "kv").glob("prefix-*.kv"))
+    again = session()[0]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] - 32
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]

@@ -20,6 +20,7 @@ import bisect
 import queue
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
@@ -30,7 +31,7 @@ from ..errors import ContextLengthError, GenerationError, MiniLLMError
 from ..options import DEFAULT_SPEC_NGRAM, DEFAULT_SPEC_TOKENS, DEFAULTS, Options
 from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
-from .prefix_cache import PrefixCache, default_budget_mb
+from .prefix_cache import PrefixCache, PrefixFile, default_budget_mb
 from .sampling import SamplingParams, apply_logit_bias, sample
 from .speculative import DraftLength, DraftState, PromptLookup, RowCost, learned_rate
 from .structured import Constraint
@@ -233,6 +234,7 @@ class EngineStats:
         self.inter_token_sum += seconds
 
 
+PREFIX_SAVE_INTERVAL = 60.0  # seconds between writes of a persistent prefix cache while serving
 INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -241,9 +243,10 @@ class Engine:
     cache_mb (the prefix cache's budget, minillm.core.prefix_cache; None: a default from free memory,
     0: no prefix cache), prefill_chunk (prompt rows per step beside running decodes; None: sized
     by measured step costs) and speculative, spec_tokens, spec_ngram of minillm.options.Options.
-    draft: the draft model of speculative="draft" (minillm.api.LLM loads it)."""
+    draft: the draft model of speculative="draft" (minillm.api.LLM loads it). prefix_file: where the
+    prefix cache is kept between runs (read now, written when idle and at the end)."""
 
-    def __init__(self, model: Model, options: Options = DEFAULTS, draft: Model | None = None):
+    def __init__(self, model: Model, options: Options = DEFAULTS, draft: Model | None = None, prefix_file: PrefixFile | None = None):
         max_batch, max_queue, cache_mb = options.max_batch, options.max_queue, options.cache_mb
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.prefill_chunk = options.prefill_chunk
@@ -256,6 +259,10 @@ class Engine:
         self.draft_pool = KVPool(draft.config, model.ctx, max_batch, draft.kv_format) if draft is not None else None
         self.pool = KVPool(model.config, model.ctx, max_batch, model.kv_format)
         self.prefix = PrefixCache(model.config, default_budget_mb() if cache_mb is None else cache_mb, model.kv_format)
+        self.prefix_file = prefix_file
+        if prefix_file is not None:
+            self.prefix.restore(prefix_file)
+        self._saved = (self.prefix.version, time.monotonic())  # what the file holds, and when it was written
         self.stats = EngineStats()
         self._pending: deque[_Request] = deque()
         self._running: list[_Sequence] = []  # in admission order; prefilling ones hold no logits yet
@@ -350,7 +357,7 @@ class Engine:
         thread to finish its step and exit."""
         self.shut_down(ShutdownError("the engine was closed"))
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+            self._thread.join(None if self.prefix_file is not None else timeout)  # its last act writes the prefix cache
 
     @property
     def alive(self) -> bool:
@@ -383,12 +390,30 @@ class Engine:
                 for seq in self._running:
                     self._fail(seq, error)
                 self._running = []
+        self._save_prefix(force=True)
+
+    def _save_prefix(self, force: bool = False) -> None:
+        """Write the prefix cache to its file if it changed: at the end, or when idle and the last
+        write is a minute old (a write takes the engine thread: not between steps of a batch)."""
+        if self.prefix_file is None or self.prefix.version == self._saved[0]:
+            return
+        if not force and time.monotonic() - self._saved[1] < PREFIX_SAVE_INTERVAL:
+            return
+        try:
+            self.prefix.save(self.prefix_file)
+        except OSError as e:
+            warnings.warn(f"{self.prefix_file.path}: cannot write the prefix cache: {e}", stacklevel=2)
+        self._saved = (self.prefix.version, time.monotonic())
 
     def _iteration(self) -> None:
         """Admit waiting requests into free slots, drop cancelled ones, run one step."""
+        if not self._pending and not self._running:
+            self._save_prefix()  # idle: nothing waits on this thread
         with self._cond:
             while not self._pending and not self._running and self._shutdown is None:
-                self._cond.wait()
+                self._cond.wait(PREFIX_SAVE_INTERVAL if self.prefix_file is not None else None)
+                if self.prefix_file is not None and not self._pending:
+                    return  # to write what changed, then wait again
             if self._shutdown is not None:
                 self._end_all(self._shutdown)
                 return

@@ -983,6 +983,11 @@ def serve(load: Callable[[], LLM], options: Options, on_ready: Callable[[], None
                 timer.start()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets=None):
+            await super().shutdown(sockets)
+            if service.llm is not None:  # before uvicorn re-raises the signal that ends the process
+                service.llm.close()  # the engine's last act: writing the prefix cache (--cache-dir)
+
     server = Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                    timeout_graceful_shutdown=options.shutdown_timeout))
 
