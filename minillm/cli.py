@@ -39,12 +39,18 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
-def _model_flags(p) -> None:
-    """Every command that loads a model: which, at what precision and context, on how many threads."""
+def _model_flags(p, several: bool = False) -> None:
+    """Every command that loads a model: which, at what precision and context, on how many threads
+    (several: serve's --model, repeatable as NAME=PATH_OR_REPO)."""
     from minillm.kernels.formats import DTYPE_CHOICES, KV_DTYPE_CHOICES
     from minillm.options import Options
 
-    p.add_argument("--model", metavar="PATH|NAME", help=Options.help("model"))
+    if several:
+        p.add_argument("--model", metavar="[NAME=]PATH|REPO", action="append",
+                       help=Options.help("model") + "; repeat as NAME=PATH_OR_REPO to serve several, each loaded on first use")
+        p.add_argument("--models-dir", metavar="DIR", help="serve every GGUF file and checkpoint directory in DIR, named by its file name")
+    else:
+        p.add_argument("--model", metavar="PATH|NAME", help=Options.help("model"))
     p.add_argument("--revision", metavar="REV", help=Options.help("revision"))
     p.add_argument("--ctx", type=int, metavar="N", help=Options.help("ctx"))
     p.add_argument(
@@ -463,7 +469,7 @@ def _serve_flags(sv) -> None:
     defaults and help from minillm.options.Options."""
     from minillm.options import DEFAULTS, Options
 
-    _model_flags(sv)
+    _model_flags(sv, several=True)
     _speculative_flags(sv)
     _template_flags(sv)
     sv.add_argument("--host", default=DEFAULTS.host)
@@ -479,6 +485,8 @@ def _serve_flags(sv) -> None:
     sv.add_argument("--allowed-hosts", metavar="NAMES", help=Options.help("allowed_hosts"))
     sv.add_argument("--allowed-origins", metavar="ORIGINS", help=Options.help("allowed_origins"))
     sv.add_argument("--model-name", help=Options.help("model_name"))
+    sv.add_argument("--idle-unload", type=float, metavar="SECONDS", help=Options.help("idle_unload"))
+    sv.add_argument("--max-loaded", type=int, metavar="N", help=Options.help("max_loaded"))
     sv.add_argument("--replicas", type=int, metavar="N", help=Options.help("replicas"))
     sv.add_argument("--threads-per-replica", type=int, metavar="T", help="CPUs and Numba threads per replica (default 1)")
     sv.add_argument("--autoscale", metavar="MIN:MAX", type=_autoscale, help=Options.help("autoscale"))
@@ -494,16 +502,24 @@ def cmd_serve(args) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} needs --replicas, --autoscale or --ray-address")
     if args.threads_per_replica is not None:
         args.threads = args.threads_per_replica
+    specs, args.model = args.model or [], None
+    several = args.models_dir is not None or len(specs) > 1 or any("=" in spec for spec in specs)
+    if not several and specs:
+        args.model = specs[0]
     options = _options(args)
 
-    def ready():
+    def ready(names=None):
         precision = f" ({options.dtype})" if options.dtype else ""
         where = f" on {options.replicas or 'autoscaled'} Ray Serve replicas" if options.clustered else ""
-        print(f"minillm serving {options.served_name}{precision}{where} on http://{options.host}:{options.port}/v1", file=sys.stderr)
+        served = ", ".join(names) if names else options.served_name
+        loaded = " (each loaded on first use)" if several else ""
+        print(f"minillm serving {served}{precision}{where}{loaded} on http://{options.host}:{options.port}/v1", file=sys.stderr)
 
     if options.clustered:
         from minillm.serving.cluster import require_ray, run
 
+        if several:
+            raise UsageError("--replicas serves one model: give one --model")
         require_ray()
         run(options, on_ready=ready)
         return 0
@@ -511,7 +527,8 @@ def cmd_serve(args) -> int:
     import minillm
     from minillm.serving.server import serve
 
-    error = serve(lambda: minillm.load(options=options), options, on_ready=ready)
+    error = serve(lambda opts: minillm.load(options=opts), options, on_ready=ready, specs=specs if several else None,
+                  models_dir=args.models_dir)
     if error is not None:
         raise error
     return 0

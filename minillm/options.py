@@ -58,6 +58,11 @@ class Options:
     allowed_hosts: str | None = field(default=None, metadata={"help": "Host names served, comma-separated, * for any (default: localhost names and --host)"})
     allowed_origins: str | None = field(default=None, metadata={"help": "web origins that may call the API from a browser, comma-separated, * for any (default: none)"})
     shutdown_timeout: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may take to finish"})
+    # several models in one server (minillm.serving.models)
+    idle_unload: float | None = field(default=None, metadata={"help": "unload a model idle this many seconds (default: never; "
+                                      "Ollama's keep_alive sets it per request)"})
+    max_loaded: int | None = field(default=None, metadata={"help": "the most models loaded at once: loading another unloads the least "
+                                   "recently used idle one (default: no limit)"})
     # many engine replicas on Ray Serve (minillm.serving.cluster)
     replicas: int | None = field(default=None, metadata={"help": "N engine replicas on Ray Serve behind one endpoint (minillm[cluster])"})
     autoscale: tuple[int, int] | None = field(default=None, metadata={"help": "scale replicas between MIN and MAX on ongoing requests"})
@@ -71,7 +76,7 @@ class Options:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
 
         for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("prefill_chunk", 1), ("spec_tokens", 1), ("spec_ngram", 2), ("port", 0), ("max_body_mb", 0.001),
-                          ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1)):
+                          ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1), ("idle_unload", 0), ("max_loaded", 1)):
             at_least(name, low)
         if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):
             raise UsageError(f"autoscale needs 1 <= MIN <= MAX, got {self.autoscale}")

@@ -241,3 +241,48 @@ def test_which_files_a_name_picks():
         choose_files(ModelName("o/m", "Q4_0"), mistral)
     with pytest.raises(HubError, match="neither a safetensors checkpoint"):
         choose_files(name, {"README.md": 1})
+
+
+def test_ollamas_pull_fetches_a_model_by_name_and_serves_it(hub, files):
+    import ollama
+    from conftest import running_server
+
+    from minillm.serving.server import server_app
+
+    app, models = server_app(lambda opts: minillm.load(options=opts, progress=False), Options(), [f"local={files[0]}"])
+    try:
+        with running_server(app) as base:
+            client = ollama.Client(host=base)
+            statuses = [p.status for p in client.pull(f"{GGUFS}:Q8_0", stream=True)]
+            assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+            assert any(s and s.startswith("pulling tiny-llama-Q8_0.gguf") for s in statuses), statuses  # the transfer's progress
+            assert f"{GGUFS}:Q8_0" in [m.model for m in client.list().models]
+            raw = client.generate(model=f"{GGUFS}:Q8_0", prompt="hello the answer", raw=True, options={"temperature": 0, "num_predict": 4})
+            assert raw.done and raw.eval_count == 4
+            with pytest.raises(ollama.ResponseError, match="no model minillm-test/missing"):
+                client.pull("minillm-test/missing", stream=False)
+            with pytest.raises(ollama.ResponseError, match="takes a Hugging Face Hub name"):
+                client.pull("llama3.2")
+    finally:
+        models.close_all()
+
+
+def test_a_served_model_that_cannot_be_fetched_is_a_clear_error(hub, files):
+    from conftest import httpx, running_server
+
+    from minillm.serving.server import server_app
+
+    app, models = server_app(lambda opts: minillm.load(options=opts, progress=False), Options(),
+                             [f"local={files[0]}", "gone=minillm-test/missing"])
+    try:
+        with running_server(app) as base:
+            listed = httpx.get(base + "/v1/models").json()["data"]
+            assert [(m["id"], m["loaded"]) for m in listed] == [("local", False), ("gone", False)]
+            answer = httpx.post(base + "/v1/completions", json={"model": "gone", "prompt": "hello", "max_tokens": 2})
+            assert answer.status_code == 500 and answer.json()["error"]["code"] == "model_load_failed"
+            assert "no model minillm-test/missing" in answer.json()["error"]["message"]
+            unknown = httpx.post(base + "/v1/completions", json={"model": "other", "prompt": "hello", "max_tokens": 2})
+            assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+            assert httpx.post(base + "/v1/completions", json={"model": "local", "prompt": "hello", "max_tokens": 2}).status_code == 200
+    finally:
+        models.close_all()

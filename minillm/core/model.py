@@ -174,12 +174,17 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
     )
 
 
+KERNEL_LOCK = threading.Lock()
+
+
 class Model:
     """Weights in their formats plus RoPE tables for a context size; run through `forward`,
     `decode_batch` or `step`.
 
-    One lock serialises every kernel call: Numba's parallel regions must never be entered from
-    two Python threads at once (the workqueue threading layer aborts the process).
+    One lock, shared by every model in the process (a server may hold several, each with its own
+    engine thread), serialises every kernel call: Numba's parallel regions must never be entered
+    from two Python threads at once (the workqueue threading layer aborts the process). Each step
+    uses every core it is given, so two models' steps taking turns lose nothing to each other.
     """
 
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None, kv_dtype: str = "float32"):
@@ -195,7 +200,7 @@ class Model:
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
         self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
         self.widest_window = cfg.widest_window
-        self._lock = threading.Lock()
+        self._lock = KERNEL_LOCK
         self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows)
         self._rows = 0
         self._grow(min(PREFILL_CHUNK, self.ctx))

@@ -154,10 +154,10 @@ class Hub:
         info = HfApi(endpoint=self.endpoint, token=self.token).model_info(repo, revision=revision, files_metadata=True)
         return {s.rfilename: s.size or 0 for s in info.siblings or ()}
 
-    def download(self, repo: str, filename: str, revision: str | None, progress: bool) -> Path:
+    def download(self, repo: str, filename: str, revision: str | None, progress: bool, tqdm_class=None) -> Path:
         from huggingface_hub import hf_hub_download
 
-        kwargs = {} if progress else {"tqdm_class": _silent_tqdm()}
+        kwargs = {"tqdm_class": tqdm_class} if tqdm_class else {} if progress else {"tqdm_class": _silent_tqdm()}
         return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=self.cache_dir, endpoint=self.endpoint,
                                     token=self.token, **kwargs))
 
@@ -186,10 +186,11 @@ def model_path(source: str | os.PathLike | None, revision: str | None = None, pr
     return Path(source)
 
 
-def resolve(text: str, revision: str | None = None, progress: bool = True) -> Path:
+def resolve(text: str, revision: str | None = None, progress: bool = True, tqdm_class=None) -> Path:
     """The local path of the model named `text` (ORG/NAME or ORG/NAME:QUANT): a checkpoint's snapshot
     directory or a GGUF file (the first part of a split one), downloading what the cache lacks.
-    With HF_HUB_OFFLINE=1, or when the Hub cannot be reached, only the cache is read."""
+    With HF_HUB_OFFLINE=1, or when the Hub cannot be reached, only the cache is read. tqdm_class:
+    the progress bars of the transfers (Ollama's /api/pull relays them)."""
     name = ModelName.parse(text)
     if name is None:
         raise HubError(f"{text}: not a model name (ORG/NAME or ORG/NAME:QUANT) nor an existing path")
@@ -209,7 +210,7 @@ def resolve(text: str, revision: str | None = None, progress: bool = True) -> Pa
     paths = []
     for filename in choice.files:
         try:
-            paths.append(hub.download(name.repo, filename, revision, progress))
+            paths.append(hub.download(name.repo, filename, revision, progress, tqdm_class))
         except Exception as e:  # noqa: BLE001
             reason = _unreachable(e)
             raise HubError(f"{name}: downloading {filename} failed: " + (reason or _hub_message(name, revision, hub, e))) from None

@@ -28,8 +28,8 @@ def too_large(max_body_bytes: int) -> str:
 
 
 def protected(path: str) -> bool:
-    """The routes the API key guards: the OpenAI API and the tokenizer's."""
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/apply-template")
+    """The routes the API key guards: the OpenAI and Ollama APIs and the tokenizer's."""
+    return path.startswith(("/v1/", "/api/")) or path in ("/tokenize", "/detokenize", "/apply-template")
 
 
 def split_list(value: str | None) -> tuple[str, ...]:
@@ -90,11 +90,11 @@ class Gate:
         origin = headers.get("origin")
         cors = self._cors_headers(origin)
         if not self.hosts.allows(headers.get("host")):
-            return await _refuse(send, 400, "this server does not answer to that Host header; start it with --allowed-hosts to add a name",
+            return await refuse(send, 400, "this server does not answer to that Host header; start it with --allowed-hosts to add a name",
                                  "invalid_request_error", "invalid_host")
         if method == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
             if not cors:
-                return await _refuse(send, 403, "cross-origin requests from this origin are not allowed (--allowed-origins)",
+                return await refuse(send, 403, "cross-origin requests from this origin are not allowed (--allowed-origins)",
                                      "permission_error", "origin_not_allowed")
             return await _respond(send, 204, b"", cors + [(b"access-control-allow-methods", b"GET, POST, OPTIONS"),
                                                           (b"access-control-allow-headers", b"authorization, content-type, x-api-key, anthropic-version"),
@@ -104,10 +104,10 @@ class Gate:
             given = headers.get("authorization", "").encode("utf-8", "surrogateescape")
             anthropic = headers.get("x-api-key", "").encode("utf-8", "surrogateescape")  # Anthropic's clients send the key so
             if not (hmac.compare_digest(given, f"Bearer {key}".encode()) or hmac.compare_digest(anthropic, key.encode())):
-                return await _refuse(send, 401, "invalid API key", "authentication_error", "invalid_api_key", cors)
+                return await refuse(send, 401, "invalid API key", "authentication_error", "invalid_api_key", cors)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            return await _refuse(send, 413, too_large(self.max_body_bytes), "invalid_request_error", "body_too_large", cors)
+            return await refuse(send, 413, too_large(self.max_body_bytes), "invalid_request_error", "body_too_large", cors)
         extra = cors + [(b"x-content-type-options", b"nosniff")]
         if path in PAGES:
             extra.append((b"content-security-policy", PAGE_CSP.encode()))
@@ -125,7 +125,7 @@ class Gate:
         return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
 
 
-async def _refuse(send, status: int, message: str, kind: str, code: str, headers: list = ()) -> None:
+async def refuse(send, status: int, message: str, kind: str, code: str, headers: list = ()) -> None:
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
     await _respond(send, status, body, list(headers) + [(b"content-type", b"application/json")])
 

@@ -960,46 +960,101 @@ def _add_error_handlers(app: FastAPI, service: Service) -> None:
         return respond(request, APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
-def serve(load: Callable[[], LLM], options: Options, on_ready: Callable[[], None] | None = None) -> MiniLLMError | None:
-    """Serve at once (options: host, port, api_key, model name, shutdown_timeout, and the Gate's),
-    answering 503 (and /health "loading") while `load()` runs in a thread; on SIGTERM or Ctrl-C
-    stop accepting and let running requests finish for up to options.shutdown_timeout seconds,
-    then end the rest with an error event (streams) or a 503. Returns the error that stopped
-    loading, if any."""
+def serve(load: Callable[[Options], LLM], options: Options, on_ready: Callable[[list[str]], None] | None = None,
+          specs: list[str] | None = None, models_dir: str | None = None) -> MiniLLMError | None:
+    """Serve at once (options: host, port, api_key, shutdown_timeout, the Gate's, and the model
+    set's: idle_unload, max_loaded). One model given plainly (specs: one path or name, or none) is
+    loaded at start, answering 503 (and /health "loading") while `load(options)` runs in a thread;
+    several (NAME=SOURCE specs, or models_dir) are loaded on first use (minillm.serving.models).
+    On SIGTERM or Ctrl-C stop accepting and let running requests finish for up to
+    options.shutdown_timeout seconds, then end the rest with an error event (streams) or a 503.
+    Returns the error that stopped loading, if any."""
     import threading
 
     import uvicorn
 
-    app = create_app(None, options.served_name, options.api_key, options)
-    service: Service = app.state.service
+    from .models import start_loading
+
+    app, models = server_app(load, options, specs, models_dir)
     failed: list[MiniLLMError] = []
+
+    def end_unfinished():
+        for entry in list(models.entries.values()):
+            if entry.app is not None:
+                entry.app.state.service.shut_down()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if not self.should_exit:  # the first signal: unfinished requests end just before uvicorn's deadline
                 grace = options.shutdown_timeout
-                timer = threading.Timer(max(grace - min(1.0, grace / 2), 0.0), service.shut_down)
+                timer = threading.Timer(max(grace - min(1.0, grace / 2), 0.0), end_unfinished)
                 timer.daemon = True
                 timer.start()
             super().handle_exit(sig, frame)
 
         async def shutdown(self, sockets=None):
             await super().shutdown(sockets)
-            if service.llm is not None:  # before uvicorn re-raises the signal that ends the process
-                service.llm.close()  # the engine's last act: writing the prefix cache (--cache-dir)
+            # before uvicorn re-raises the signal that ends the process: each engine's last act
+            # writes its prefix cache (--cache-dir)
+            await asyncio.to_thread(models.close_all)
 
     server = Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                    timeout_graceful_shutdown=options.shutdown_timeout))
 
-    def load_model():
-        try:
-            service.attach(load())
-            if on_ready is not None:
-                on_ready()
-        except MiniLLMError as e:
-            failed.append(e)
-            server.should_exit = True
+    def stop(error: MiniLLMError) -> None:
+        failed.append(error)
+        server.should_exit = True
 
-    threading.Thread(target=load_model, name="minillm-load", daemon=True).start()
+    if models.routed:
+        if on_ready is not None:
+            on_ready(list(models.entries))
+    else:
+        entry = models.default
+        start_loading(entry, load, lambda: on_ready([entry.name]) if on_ready else None, stop)
     server.run()
     return failed[0] if failed else None
+
+
+def server_app(load: Callable[[Options], LLM], options: Options, specs: list[str] | None = None, models_dir: str | None = None):
+    """The server's ASGI app (the Gate, the router, and each model's app: serve's) and its ModelSet.
+    One model given plainly gets its app at once, answering 503 until something attaches its LLM
+    (serve: start_loading)."""
+    from types import SimpleNamespace
+
+    from .models import ModelSet, Router, model_entries
+
+    entries, routed = model_entries(specs, models_dir, options)
+    models = ModelSet(entries, routed, options, lambda llm, name: create_app(llm, name, None, options), load)
+    if not routed:
+        models.default.app = create_app(None, models.default.name, None, options)
+    max_body = int(options.max_body_mb * 2**20)
+    app = Gate(Router(models, router_app(models, options), max_body), service=SimpleNamespace(api_key=options.api_key), bind=options.host,
+               allowed_hosts=options.allowed_hosts, allowed_origins=options.allowed_origins, max_body_bytes=max_body)
+    return app, models
+
+
+def router_app(models, options: Options) -> FastAPI:
+    """The routes the router answers itself: the Ollama API, and with several models /health and
+    /v1/models (one model's own app answers them otherwise)."""
+    from .ollama import add_ollama_routes
+
+    app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": {e.name: "loaded" if e.loaded else "unloaded" for e in models.entries.values()}}
+
+    @app.get("/v1/models")
+    async def listed():
+        return {"object": "list", "data": models.model_objects()}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one(model_id: str):
+        found = [m for m in models.model_objects() if m["id"] == model_id]
+        if not found:
+            return JSONResponse({"error": {"message": f"the model {model_id!r} does not exist; this server runs: {', '.join(models.entries)}",
+                                           "type": "not_found_error", "param": "model", "code": "model_not_found"}}, status_code=404)
+        return found[0]
+
+    add_ollama_routes(app, models, options)
+    return app
