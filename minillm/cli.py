@@ -487,6 +487,7 @@ def _serve_flags(sv) -> None:
     sv.add_argument("--model-name", help=Options.help("model_name"))
     sv.add_argument("--idle-unload", type=float, metavar="SECONDS", help=Options.help("idle_unload"))
     sv.add_argument("--max-loaded", type=int, metavar="N", help=Options.help("max_loaded"))
+    sv.add_argument("--max-loaded-mb", type=float, metavar="MB", help=Options.help("max_loaded_mb"))
     sv.add_argument("--replicas", type=int, metavar="N", help=Options.help("replicas"))
     sv.add_argument("--threads-per-replica", type=int, metavar="T", help="CPUs and Numba threads per replica (default 1)")
     sv.add_argument("--autoscale", metavar="MIN:MAX", type=_autoscale, help=Options.help("autoscale"))

@@ -63,6 +63,8 @@ class Options:
                                       "Ollama's keep_alive sets it per request)"})
     max_loaded: int | None = field(default=None, metadata={"help": "the most models loaded at once: loading another unloads the least "
                                    "recently used idle one (default: no limit)"})
+    max_loaded_mb: float | None = field(default=None, metadata={"help": "the most memory the loaded models' weights may take (a model not "
+                                        "loaded yet estimated by its files' size): loading another unloads the least recently used idle ones"})
     # many engine replicas on Ray Serve (minillm.serving.cluster)
     replicas: int | None = field(default=None, metadata={"help": "N engine replicas on Ray Serve behind one endpoint (minillm[cluster])"})
     autoscale: tuple[int, int] | None = field(default=None, metadata={"help": "scale replicas between MIN and MAX on ongoing requests"})
@@ -76,7 +78,7 @@ class Options:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
 
         for name, low in (("ctx", 1), ("threads", 1), ("max_batch", 1), ("max_queue", 0), ("cache_mb", 0), ("prefill_chunk", 1), ("spec_tokens", 1), ("spec_ngram", 2), ("port", 0), ("max_body_mb", 0.001),
-                          ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1), ("idle_unload", 0), ("max_loaded", 1)):
+                          ("shutdown_timeout", 0), ("replicas", 1), ("ingress_replicas", 1), ("idle_unload", 0), ("max_loaded", 1), ("max_loaded_mb", 1)):
             at_least(name, low)
         if self.autoscale is not None and not (len(self.autoscale) == 2 and 1 <= self.autoscale[0] <= self.autoscale[1]):
             raise UsageError(f"autoscale needs 1 <= MIN <= MAX, got {self.autoscale}")

@@ -210,6 +210,7 @@ def test_names_and_paths():
     assert ModelName.parse("HuggingFaceTB/SmolLM2-135M-Instruct") == ModelName("HuggingFaceTB/SmolLM2-135M-Instruct", None)
     assert ModelName.parse("model.gguf") is None and ModelName.parse("a/b/c") is None
     assert not names_a_model("./org/name") and not names_a_model("/abs/path") and not names_a_model(None)
+    assert not names_a_model("weights/model.Q4_0.gguf")  # a missing file, not a repository named model.Q4_0.gguf
     assert names_a_model("org/name:Q8_0")
     assert Options(model="org/name:Q8_0").served_name == "org/name:Q8_0"
 

@@ -127,6 +127,12 @@ def test_room_is_made_for_a_model_and_idle_ones_unload(two_models):
         client.chat(model="smol", messages=QUESTION, options=GREEDY, keep_alive=-1)
         time.sleep(2.5)
         assert [m.model for m in client.ps().models] == ["smol"]  # keep_alive -1: kept past the idle timeout
+    app, models = two_models(max_loaded_mb=600)  # the float32 checkpoint's 515 MB and the Q4_1 file's 98 do not fit together
+    with running_server(app) as base:
+        client = ollama.Client(host=base)
+        client.chat(model="smol", messages=QUESTION, options=GREEDY)
+        client.chat(model="smol-q4", messages=QUESTION, options=GREEDY)
+        assert [m.model for m in client.ps().models] == ["smol-q4"]
 
 
 # Ollama's fields as OpenAI's, without a model
@@ -148,3 +154,31 @@ def test_ollama_fields_read_as_the_openai_request_means_them():
     assert [m.get("tool_call_id") for m in messages[2:]] == ["call_1", "call_0"]
     with pytest.raises(OllamaError, match="images are not supported"):
         chat_messages([{"role": "user", "content": "what is this?", "images": ["aGk="]}])
+
+
+@pytest.mark.slow
+def test_serve_takes_a_models_directory_and_names_each_model(tmp_path, default_gguf):
+    import subprocess
+    import sys
+
+    from conftest import ROOT, free_port, httpx, wait_until_healthy
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smol-q4.gguf").symlink_to(default_gguf)
+    (tmp_path / "models" / "mmproj-smol.gguf").symlink_to(default_gguf)  # a vision projector: not a model
+    (tmp_path / "models" / "notes.txt").write_text("not a model")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--models-dir", str(tmp_path / "models"), "--model",
+                             f"copy={default_gguf}", "--port", str(port)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert wait_until_healthy(base, 60)
+        assert [(m["id"], m["loaded"]) for m in httpx.get(base + "/v1/models").json()["data"]] == [("copy", False), ("smol-q4", False)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert "minillm serving copy, smol-q4 (each loaded on first use)" in proc.stderr.read()
+    missing = subprocess.run([sys.executable, str(ROOT / "cli.py"), "serve", "--model", "a=weights/none.gguf", "--model", f"b={default_gguf}"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert missing.returncode == 2 and missing.stderr.strip() == ("error: --model a=weights/none.gguf: no such file or directory, "
+                                                                   "nor a Hub name (ORG/NAME)")

@@ -51,6 +51,8 @@ def names_a_model(text: str | os.PathLike | None) -> bool:
     """Whether `text` is a Hub name to resolve: ORG/NAME[:QUANT] that is not a local path."""
     if text is None or not isinstance(text, str) or Path(text).expanduser().exists():
         return False
+    if text.lower().endswith((".gguf", ".safetensors")):  # a file meant, if missing
+        return False
     return not text.startswith((".", "/", "~")) and ModelName.parse(text) is not None
 
 

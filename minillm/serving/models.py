@@ -105,7 +105,7 @@ class ModelSet:
         self.entries = {e.name: e for e in entries}
         self.routed = routed  # False: one model, whatever a request names
         self.idle_unload = options.idle_unload
-        self.max_loaded = options.max_loaded
+        self.max_loaded, self.max_loaded_mb = options.max_loaded, options.max_loaded_mb
         self._make_app, self._load = make_app, load
         self._room = asyncio.Condition()  # notified when a request ends or a model unloads
 
@@ -139,20 +139,32 @@ class ModelSet:
             entry.app, entry.llm = self._make_app(llm, entry.name), llm
             entry.loaded_at, entry.load_seconds, entry.last_used = time.time(), time.monotonic() - start, time.monotonic()
 
+    def _over_budget(self, entry: ModelEntry) -> bool:
+        """Whether loading `entry` now would pass --max-loaded or --max-loaded-mb (an unloaded
+        model's weights estimated by its files' size)."""
+        loaded = [e for e in self.entries.values() if e.loaded]
+        if self.max_loaded is not None and len(loaded) >= self.max_loaded:
+            return True
+        if self.max_loaded_mb is None or not loaded:
+            return False
+        held = sum(e.llm.model.weights.nbytes for e in loaded)
+        return (held + files_size(entry.options.model)) / 2**20 > self.max_loaded_mb
+
     async def _make_room(self, entry: ModelEntry) -> None:
-        """Unload the least recently used idle models until loading `entry` keeps within max_loaded."""
-        if self.max_loaded is None:
+        """Unload the least recently used idle models until loading `entry` keeps within the limits."""
+        if self.max_loaded is None and self.max_loaded_mb is None:
             return
         deadline = time.monotonic() + LOAD_WAIT_SECONDS
         async with self._room:
-            while sum(e.loaded for e in self.entries.values()) >= self.max_loaded:
+            while self._over_budget(entry):
                 idle = sorted((e for e in self.entries.values() if e.loaded and e.running == 0 and e is not entry), key=lambda e: e.last_used)
                 if idle:
                     await self.unload(idle[0])
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ModelUnavailable(503, f"every loaded model is busy (--max-loaded {self.max_loaded}); try again", "model_busy")
+                    raise ModelUnavailable(503, "every loaded model is busy and there is no room for another (--max-loaded, "
+                                           "--max-loaded-mb); try again", "model_busy")
                 try:
                     await asyncio.wait_for(self._room.wait(), timeout=left)
                 except asyncio.TimeoutError:
@@ -198,6 +210,15 @@ class ModelSet:
         """/v1/models' entries: OpenAI's fields, and whether each is loaded."""
         return [{"id": e.name, "object": "model", "created": int(e.loaded_at) or 0, "owned_by": "minillm", "loaded": e.loaded}
                 for e in self.entries.values()]
+
+
+def files_size(source: str | None) -> int:
+    """Bytes of a model's files on disk (0 for a Hub name not fetched yet)."""
+    path = Path(str(source or "")).expanduser()
+    try:
+        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    except OSError:
+        return 0
 
 
 async def read_body(receive, limit: int) -> tuple[bytes, bool]:

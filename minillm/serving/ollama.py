@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..errors import MiniLLMError
-from .models import ModelEntry, ModelSet, ModelUnavailable
+from .models import ModelEntry, ModelSet, ModelUnavailable, files_size
 
 VERSION = "0.12.0"  # the Ollama API version these endpoints follow (clients check for features by it)
 NDJSON = "application/x-ndjson"
@@ -301,11 +301,7 @@ def _count(n: int) -> str:
 
 
 def size_on_disk(entry: ModelEntry) -> int:
-    path = entry.llm.source if entry.llm is not None else Path(str(entry.options.model or ""))
-    try:
-        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    except OSError:
-        return 0
+    return files_size(entry.llm.source if entry.llm is not None else entry.options.model)
 
 
 def digest(entry: ModelEntry) -> str:
