@@ -91,12 +91,18 @@ def test_a_checkpoint_by_name_fetches_what_loading_reads_once_and_then_runs_offl
     assert len(hub.log) == asked  # offline: not one request
 
 
-def test_a_gguf_repository_gives_the_quantization_named_and_a_default(hub, files, capsys):
+def test_a_gguf_repository_gives_the_quantization_named_and_a_default(hub, files, capsys, monkeypatch):
     ggufs = files[1]
+    hub.cut_once.add(f"{GGUFS}/tiny-llama-Q8_0.gguf")  # its first transfer stops halfway
     path = hubs.resolve(f"{GGUFS}:q8_0", progress=False)  # tags are case-insensitive, as llama.cpp's -hf
     assert path.read_bytes() == ggufs["tiny-llama-Q8_0.gguf"].read_bytes()
-    assert hub.gets(GGUFS) == ["tiny-llama-Q8_0.gguf"]
+    assert hub.gets(GGUFS) == ["tiny-llama-Q8_0.gguf"] * 2  # cut, then fetched again (a file under 10 MiB starts over)
     assert greedy(f"{GGUFS}:Q8_0") == greedy(ggufs["tiny-llama-Q8_0.gguf"])
+    assert len(hub.gets(GGUFS)) == 2  # once: loading by name again asks, does not fetch
+    asked = len(hub.log)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hubs.resolve(f"{GGUFS}:Q8_0", progress=False) == path and len(hub.log) == asked
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     assert hubs.resolve(GGUFS).name == "tiny-llama-Q4_K_M.gguf"
     said = capsys.readouterr().err
     assert "using Q4_K_M" in said and "Q4_0, Q4_K_M, Q8_0" in said  # which, and the others there are
