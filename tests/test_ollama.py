@@ -14,7 +14,7 @@ from conftest import running_server
 
 import minillm
 from minillm.options import Options
-from minillm.serving.ollama import OllamaError, chat_messages, keep_alive_seconds, sampling
+from minillm.serving.ollama_protocol import OllamaError, chat_messages, keep_alive_seconds, sampling
 from minillm.serving.server import server_app
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
