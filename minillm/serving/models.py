@@ -48,13 +48,16 @@ class ModelEntry:
     running: int = 0  # requests inside its app now
     last_used: float = field(default_factory=time.monotonic)
     keep_alive: float | None = None  # seconds idle before unloading (None: the server's --idle-unload)
-    loaded_at: float = 0.0
-    load_seconds: float = 0.0  # how long its last load took (Ollama's load_duration)
+    loaded_at: float = 0.0  # when its LLM was last loaded (time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def loaded(self) -> bool:
         return self.llm is not None
+
+    def attach(self, llm: "LLM") -> None:
+        """Its LLM is loaded (its app serves it)."""
+        self.llm, self.loaded_at, self.last_used = llm, time.time(), time.monotonic()
 
     def idle_seconds(self, default: float | None) -> float | None:
         """How long it may stay loaded while idle (None: for ever)."""
@@ -131,13 +134,12 @@ class ModelSet:
             if entry.app is not None:  # loaded, or the plainly served model loading at start (its app answers 503)
                 return
             await self._make_room(entry)
-            start = time.monotonic()
             try:
                 llm = await asyncio.to_thread(self._load, entry.options)
             except MiniLLMError as e:
                 raise ModelUnavailable(500, f"the model {entry.name!r} could not be loaded: {e}", "model_load_failed") from None
-            entry.app, entry.llm = self._make_app(llm, entry.name), llm
-            entry.loaded_at, entry.load_seconds, entry.last_used = time.time(), time.monotonic() - start, time.monotonic()
+            entry.app = self._make_app(llm, entry.name)
+            entry.attach(llm)
 
     def _over_budget(self, entry: ModelEntry) -> bool:
         """Whether loading `entry` now would pass --max-loaded or --max-loaded-mb (an unloaded
@@ -318,10 +320,9 @@ def start_loading(entry: ModelEntry, load: Callable[[Options], "LLM"], on_loaded
 
     def run():
         try:
-            start = time.monotonic()
             llm = load(entry.options)
             entry.app.state.service.attach(llm)
-            entry.llm, entry.loaded_at, entry.load_seconds = llm, time.time(), time.monotonic() - start
+            entry.attach(llm)
             on_loaded()
         except MiniLLMError as e:
             on_failed(e)

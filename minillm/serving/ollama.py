@@ -98,9 +98,9 @@ def size_on_disk(entry: ModelEntry) -> int:
     return files_size(entry.llm.source if entry.llm is not None else entry.options.model)
 
 
-def digest(entry: ModelEntry) -> str:
-    """A stable id of what the name serves (its source and size; not a hash of the weights' bytes)."""
-    return hashlib.sha256(f"{entry.options.model}|{size_on_disk(entry)}".encode()).hexdigest()
+def digest(entry: ModelEntry, size: int) -> str:
+    """A stable id of what the name serves (its source and size on disk; not a hash of the weights' bytes)."""
+    return hashlib.sha256(f"{entry.options.model}|{size}".encode()).hexdigest()
 
 
 class OllamaAPI:
@@ -121,8 +121,11 @@ class OllamaAPI:
     # ------------------------------------------------------------------ what is served
 
     def tags(self) -> dict:
-        return {"models": [{"name": e.name, "model": e.name, "modified_at": now_iso(), "size": size_on_disk(e), "digest": digest(e),
-                            "details": details(e)} for e in self.models.entries.values()]}
+        listed = []
+        for e in self.models.entries.values():
+            size = size_on_disk(e)  # a directory's files are walked once
+            listed.append({"name": e.name, "model": e.name, "modified_at": now_iso(), "size": size, "digest": digest(e, size), "details": details(e)})
+        return {"models": listed}
 
     def ps(self) -> dict:
         running = []
@@ -132,7 +135,7 @@ class OllamaAPI:
             keep = e.idle_seconds(self.models.idle_unload)
             expires = (datetime.now(timezone.utc) + timedelta(seconds=keep - (time.monotonic() - e.last_used)) if keep is not None
                        else datetime(2318, 1, 1, tzinfo=timezone.utc))
-            running.append({"name": e.name, "model": e.name, "size": int(e.llm.model.weights.nbytes), "digest": digest(e), "details": details(e),
+            running.append({"name": e.name, "model": e.name, "size": int(e.llm.model.weights.nbytes), "digest": digest(e, size_on_disk(e)), "details": details(e),
                             "expires_at": expires.isoformat().replace("+00:00", "Z"), "size_vram": 0, "context_length": e.llm.model.ctx})
         return {"models": running}
 
