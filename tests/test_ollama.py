@@ -146,6 +146,10 @@ def test_ollama_fields_read_as_the_openai_request_means_them():
         temperature=0.8, top_k=40, top_p=0.9, max_tokens=12, repetition_penalty=1.1, seed=3)
     with pytest.raises(OllamaError, match="options.mirostat_mode is not supported"):
         sampling({"mirostat_mode": 2})
+    assert sampling({"mirostat": 0, "typical_p": 1.0, "tfs_z": 1}) == dict(temperature=0.8, top_k=40, top_p=0.9)  # their off values
+    for name, value in (("mirostat", 2), ("typical_p", 0.9), ("tfs_z", 0.95), ("repeat_last_n", 64), ("penalize_newline", True)):
+        with pytest.raises(OllamaError, match=f"options.{name} is not supported"):
+            sampling({name: value})
     messages = chat_messages([{"role": "user", "content": "hi"},
                               {"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": {"x": 1}}},
                                                                    {"function": {"name": "b", "arguments": {}}}]},

@@ -20,10 +20,12 @@ DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 OPTION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
                  "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                  "frequency_penalty": "frequency_penalty"}
-# accepted and without effect here: how Ollama places a model on GPUs and threads, and samplers
-# llama.cpp has since dropped; anything else is a 400 naming it
-NO_EFFECT = {"num_gpu", "main_gpu", "low_vram", "numa", "num_thread", "num_batch", "use_mmap", "use_mlock", "num_keep", "repeat_last_n",
-             "penalize_newline", "vocab_only", "logits_all", "embedding_only", "typical_p", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta"}
+# accepted and without effect on the reply: where Ollama places a model (GPUs, threads, memory
+# mapping) and what it keeps of the prompt when it overflows
+NO_EFFECT = {"num_gpu", "main_gpu", "low_vram", "numa", "num_thread", "num_batch", "use_mmap", "use_mlock", "num_keep", "vocab_only",
+             "logits_all", "embedding_only"}
+# samplers minillm does not have: accepted only at the value that switches them off, else a 400
+SWITCHED_OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 
 
 class OllamaError(Exception):
@@ -79,6 +81,9 @@ def sampling(options: dict | None) -> dict:
         elif name == "num_ctx":
             if not isinstance(value, int) or value < 1:
                 raise OllamaError(400, "options.num_ctx must be a positive integer")
+        elif name in SWITCHED_OFF:
+            if value != SWITCHED_OFF[name]:
+                raise OllamaError(400, f"options.{name} is not supported (only {SWITCHED_OFF[name]}: off)")
         elif name not in NO_EFFECT:
             raise OllamaError(400, f"options.{name} is not supported")
     if fields.get("top_k") is not None and fields["top_k"] <= 0:
