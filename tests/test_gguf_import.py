@@ -78,6 +78,7 @@ def test_tokenizer_is_the_one_transformers_builds_from_the_file(tmp_path, arch):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
+    from minillm.architectures import spec_of_gguf
     from minillm.loading.gguf_check import check_gguf
     from minillm.loading.gguf_file import Metadata
     from minillm.loading.gguf_tokenizer import build_tokenizer_json
@@ -89,7 +90,8 @@ def test_tokenizer_is_the_one_transformers_builds_from_the_file(tmp_path, arch):
         options.update(query_pre_attn_scalar=8, sliding_window=4)
     make_checkpoint(tmp_path / "hf", **options)
     path = write_gguf(tmp_path / "hf", tmp_path / "model.gguf", vocab=vocab)
-    ours = Tokenizer.from_str(build_tokenizer_json(Metadata(check_gguf(path).metadata, path), arch))
+    spelling = spec_of_gguf(arch, experts=False).gguf_tokenizer
+    ours = Tokenizer.from_str(build_tokenizer_json(Metadata(check_gguf(path).metadata, path), spelling))
     theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf")
     for text in TEXTS:
         ids = ours.encode(text).ids

@@ -142,3 +142,20 @@ def test_the_docs_format_table_is_the_format_table():
 
     assert formats.markdown_table() in (ROOT / "docs" / "performance.md").read_text(encoding="utf-8"), \
         "docs/performance.md: paste kernels.formats.markdown_table() again"
+
+
+def test_docs_model_table_is_the_specs():
+    """docs/models.md's architecture table is written from the specs (architectures.model_table)."""
+    from minillm.architectures import model_table
+
+    assert model_table() in (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+
+
+def test_architecture_names_are_tested_only_in_the_specs():
+    """No loader or kernel asks which architecture it holds: that is the specs' business."""
+    import re
+
+    pattern = re.compile(r"arch(itecture)? ?(==|!=|in) ")
+    found = [f"{path}:{n}" for name, path in MODULES.items() if not name.startswith("minillm.architectures")
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found

@@ -10,29 +10,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..architectures import LAYER_TYPES, MIXTURES_OF_EXPERTS, SUPPORTED, Architecture, Fields, spec_named
 from ..errors import ConfigError
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
-    "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-    "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
-)
-# Mixtures of experts: each token's MLP is the weighted sum of the experts its router picks.
-#   router: softmax over every expert's logit, then the top k ("norm_topk_prob": the k weights
-#   renormalised to sum to 1; Mixtral always does); Qwen2-MoE adds a shared expert scaled by the
-#   sigmoid of its own gate. Dense layers among sparse ones: Qwen's mlp_only_layers and
-#   decoder_sparse_step. gpt-oss: a router with a bias, the top k logits weighted by their own
-#   softmax ("topk_softmax"); experts with biases and a clamped SwiGLU; attention sinks.
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM")
-LAYER_TYPES = ("full_attention", "sliding_attention")
-# What sets each architecture apart, as transformers builds it (its modeling_*.py):
-#   norm placement: "pre" h = x + attn(norm(x)); "post" (OLMo 2) h = x + norm(attn(x));
-#   "sandwich" (Gemma 3) h = x + norm(attn(norm(x))), and the same around the MLP.
-#   q/k norm: RMSNorm of q and k before RoPE, per head ("head") or over the whole projection.
-NORM_PLACEMENT = {"Olmo2ForCausalLM": "post", "Gemma2ForCausalLM": "sandwich", "Gemma3ForCausalLM": "sandwich"}
-QK_NORM = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Olmo2ForCausalLM": "projection",
-           "Qwen3MoeForCausalLM": "head", "OlmoeForCausalLM": "projection"}
-DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128, "Gemma2ForCausalLM": 256, "Gemma3ForCausalLM": 256}
+# Every architecture's peculiarities live in its spec (minillm.architectures); here they become
+# the knobs below, which the one forward pass reads.
+SUPPORTED_ARCHITECTURES = SUPPORTED
+MOE_ARCHITECTURES = MIXTURES_OF_EXPERTS
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 DEFAULT_CONTEXT = 4096
 
@@ -81,9 +65,9 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] = ()  # per layer: False where a layer has no RoPE (SmolLM3); () all
     local_rope: tuple[float, RopeScaling] | None = None  # RoPE base and scaling of sliding layers (Gemma 3)
     hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3)
-    norm_placement: str = "pre"  # "pre", "post" or "sandwich" (NORM_PLACEMENT)
+    norm_placement: str = "pre"  # "pre", "post" (after each sub-block) or "sandwich" (before and after)
     norm_offset: bool = False  # Gemma: norms scale by (1 + w)
-    qk_norm: str | None = None  # "head" or "projection" (QK_NORM)
+    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", or over the whole "projection"
     fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj
     embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden_size)
     query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its -1/2 power, not head_dim's
@@ -100,6 +84,11 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head in attention's softmax denominator (gpt-oss)
     swiglu_alpha: float = 1.702  # hidden_act "clamped_swiglu" (gpt-oss): (up + 1) * g * sigmoid(alpha g),
     swiglu_limit: float = 7.0  # gate clamped above at limit, up to [-limit, limit]
+
+    @property
+    def spec(self) -> Architecture:
+        """The architecture's spec (minillm.architectures): names, GGUF reading, docs."""
+        return spec_named(self.architecture)
 
     # Derived sizes, named as the forward pass uses them.
     @property
@@ -176,7 +165,7 @@ class ModelConfig:
     def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a JSON object")
-        fields = _Fields(raw, source)
+        fields = Fields(raw, source)
 
         archs = raw.get("architectures")
         if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
@@ -185,21 +174,16 @@ class ModelConfig:
             )
         arch = archs[0]
 
-        gemma, gemma3 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"), arch == "Gemma3ForCausalLM"
-        act_field = "hidden_activation" if gemma else "hidden_act"
-        act = raw.get(act_field, "gelu_pytorch_tanh" if gemma else "silu")
-        if act not in ("silu", "gelu_pytorch_tanh"):
-            raise ConfigError(f"{source}: field '{act_field}' is {act!r}; supported: 'silu', 'gelu_pytorch_tanh'")
-        if arch == "GptOssForCausalLM":
-            act = "clamped_swiglu"  # its experts' own, whatever hidden_act says (GptOssExperts ignores it)
-        _refuse_unsupported(raw, arch, source)
+        spec = spec_named(arch)
+        act = spec.activation(fields)
+        _refuse_unsupported(fields, spec)
 
         hidden = fields.positive_int("hidden_size")
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", default=heads)
         head_dim = raw.get("head_dim")
         if head_dim is None:
-            head_dim = DEFAULT_HEAD_DIM.get(arch, hidden // heads)
+            head_dim = spec.default_head_dim or hidden // heads
         else:
             head_dim = fields.positive_int("head_dim")
         if heads % kv_heads:
@@ -215,11 +199,11 @@ class ModelConfig:
         if not eps > 0:
             raise ConfigError(f"{source}: field 'rms_norm_eps' must be > 0, got {eps}")
 
-        rope_theta, scaling = _rope(raw, source, "full_attention", default_theta=1_000_000.0 if gemma3 else 10000.0)
-        local_rope = _rope(raw, source, "sliding_attention", default_theta=10000.0) if gemma3 else None
+        rope_theta, scaling = _rope(raw, source, spec, "full_attention", default_theta=spec.rope_theta)
+        local_rope = spec.local_rope(fields, lambda layer_type, theta: _rope(raw, source, spec, layer_type, default_theta=theta))
         max_pos = fields.positive_int("max_position_embeddings", default=2048)
         layers = fields.positive_int("num_hidden_layers")
-        sliding, layer_types, rope_layers = _layer_kinds(raw, arch, layers, source)
+        sliding, layer_types, rope_layers = _layer_kinds(fields, spec, layers)
 
         bos, eos_ids = _special_tokens(raw, source)
 
@@ -237,10 +221,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=scaling,
             tie_word_embeddings=fields.boolean("tie_word_embeddings", default=False),
-            attention_bias=arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM")
-            and fields.boolean("attention_bias", default=arch == "GptOssForCausalLM"),
-            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and fields.boolean("qkv_bias", default=True)),
-            mlp_bias=arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM") and fields.boolean("mlp_bias", default=False),
+            **spec.biases(fields),
             sliding_window=sliding,
             bos_token_id=bos,
             eos_token_id=eos_ids,
@@ -248,8 +229,12 @@ class ModelConfig:
             rope_layers=rope_layers,
             local_rope=local_rope,
             hidden_act=act,
-            **_variant(arch, fields, hidden),
-            **_experts(raw, arch, fields, layers, source),
+            norm_placement=spec.norm_placement,
+            norm_offset=spec.norm_offset,
+            qk_norm=spec.qk_norm,
+            fused_projections=spec.fused_projections,
+            **spec.variant(fields, hidden),
+            **_experts(fields, spec, layers),
         )
 
 
@@ -265,42 +250,7 @@ def _special_tokens(raw: dict, source: str) -> tuple[int | None, tuple[int, ...]
     return bos, eos_ids
 
 
-class _Fields:
-    """Typed access to config.json fields, with errors that name the field."""
-
-    def __init__(self, raw: dict, source: str):
-        self.raw, self.source = raw, source
-
-    def positive_int(self, name: str, default: int | None = None) -> int:
-        value = self.raw.get(name, default)
-        if value is None:
-            raise ConfigError(f"{self.source}: missing field '{name}'")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{self.source}: field '{name}' must be a positive integer, got {value!r}")
-        return value
-
-    def number(self, name: str, default: float) -> float:
-        value = self.raw.get(name, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ConfigError(f"{self.source}: field '{name}' must be a finite number, got {value!r}")
-        return float(value)
-
-    def optional_positive(self, name: str, default: float | None = None) -> float | None:
-        if self.raw.get(name, default) is None:
-            return None
-        value = self.number(name, default)
-        if value <= 0:
-            raise ConfigError(f"{self.source}: field '{name}' must be a positive number or null, got {value!r}")
-        return value
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.raw.get(name, default)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{self.source}: field '{name}' must be true or false, got {value!r}")
-        return value
-
-
-def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_theta: float = 10000.0) -> tuple[float, RopeScaling]:
+def _rope(raw: dict, source: str, spec: Architecture, layer_type: str = "full_attention", default_theta: float = 10000.0) -> tuple[float, RopeScaling]:
     """RoPE base and scaling of one kind of layer, from either spelling: v4's `rope_theta` +
     `rope_scaling` (and Gemma's `rope_local_base_freq` for sliding layers), or v5's
     `rope_parameters` (for Gemma, one entry per layer type)."""
@@ -319,9 +269,7 @@ def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_th
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0 or not math.isfinite(theta):
         raise ConfigError(f"{source}: field 'rope_theta' must be a positive number, got {theta!r}")
 
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if raw.get("architectures") == ["Phi3ForCausalLM"] and rope_type in ("su", "yarn"):
-        rope_type = "longrope"  # Phi3Config's reading of its older names
+    rope_type = spec.rope_type(params.get("rope_type", params.get("type", "default")))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"{source}: field '{field}.rope_type' is {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -343,7 +291,7 @@ def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_th
     if rope_type == "dynamic":
         return float(theta), RopeScaling("dynamic", factor=num("factor"))
     # transformers takes a top-level original_max_position_embeddings first (Phi-3's config has one)
-    original = raw.get("original_max_position_embeddings", 4096 if raw.get("architectures") == ["Phi3ForCausalLM"] else None)
+    original = raw.get("original_max_position_embeddings", spec.original_context)
     original = int(num("original_max_position_embeddings", original if original is not None else params.get("original_max_position_embeddings", max_pos)))
     if rope_type == "llama3":
         scaling = RopeScaling(
@@ -380,67 +328,34 @@ def _rope(raw: dict, source: str, layer_type: str = "full_attention", default_th
     )
 
 
-def _variant(arch: str, fields: "_Fields", hidden: int) -> dict:
-    """The ModelConfig fields where architectures differ from Llama, as transformers sets them."""
-    gemma, gemma3 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"), arch == "Gemma3ForCausalLM"
-    return dict(
-        norm_placement=NORM_PLACEMENT.get(arch, "pre"),
-        norm_offset=gemma,
-        qk_norm=QK_NORM.get(arch),
-        fused_projections=arch == "Phi3ForCausalLM",
-        embed_scale=hidden**0.5 if gemma else 1.0,
-        query_pre_attn_scalar=fields.number("query_pre_attn_scalar", default=256) if gemma else None,
-        # Gemma 3 keeps attn_logit_softcapping in its config but transformers never applies it
-        attn_logit_softcapping=fields.optional_positive("attn_logit_softcapping", 50.0) if arch == "Gemma2ForCausalLM" else None,
-        final_logit_softcapping=fields.optional_positive("final_logit_softcapping", None if gemma3 else 30.0) if gemma else None,
-    )
-
-
-def _experts(raw: dict, arch: str, fields: "_Fields", layers: int, source: str) -> dict:
+def _experts(fields: Fields, spec: Architecture, layers: int) -> dict:
     """The ModelConfig fields of a mixture of experts, as transformers reads them; {} for a dense model."""
-    if arch not in MOE_ARCHITECTURES:
+    if not spec.mixture_of_experts:
         return {}
-    count_field = "num_local_experts" if arch == "MixtralForCausalLM" or "num_experts" not in raw else "num_experts"
+    count_field = spec.expert_count_field if spec.expert_count_field in fields.raw else "num_local_experts"
     experts = fields.positive_int(count_field)
-    top_k = fields.positive_int("num_experts_per_tok", default=2 if arch == "MixtralForCausalLM" else None)
+    top_k = fields.positive_int("num_experts_per_tok", default=spec.default_top_k)
     if top_k > experts:
-        raise ConfigError(f"{source}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
-    qwen = arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-    gpt_oss = arch == "GptOssForCausalLM"
-    sparse = [True] * layers
-    if qwen:  # transformers: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer
-        step = fields.positive_int("decoder_sparse_step", default=1)
-        dense = raw.get("mlp_only_layers") or []
-        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-            raise ConfigError(f"{source}: field 'mlp_only_layers' must be a list of layer indices")
-        sparse = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
-    shared = fields.positive_int("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
-    return dict(
-        num_experts=experts,
-        experts_per_token=top_k,
-        expert_intermediate_size=fields.positive_int("moe_intermediate_size") if qwen else fields.positive_int("intermediate_size"),
-        norm_topk_prob=arch == "MixtralForCausalLM" or (not gpt_oss and fields.boolean("norm_topk_prob", default=False)),
-        shared_expert_intermediate_size=shared,
-        sparse_layers=tuple(sparse),
-        **(dict(router="topk_softmax", router_bias=True, attention_sinks=True, swiglu_alpha=fields.number("swiglu_alpha", 1.702),
-                swiglu_limit=fields.number("swiglu_limit", 7.0)) if gpt_oss else {}),
-    )
+        raise ConfigError(f"{fields.source}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
+    return dict(num_experts=experts, experts_per_token=top_k, expert_intermediate_size=fields.positive_int(spec.expert_width_field),
+                **spec.experts(fields, layers, experts))
 
 
-def _refuse_unsupported(raw: dict, arch: str, source: str) -> None:
-    """Options of a supported architecture that we do not implement: an error naming the field."""
+def _refuse_unsupported(fields: Fields, spec: Architecture) -> None:
+    """Options that we do not implement: an error naming the field."""
+    raw, source, arch = fields.raw, fields.source, spec.hf_names[0]
     if raw.get("use_bidirectional_attention"):
         raise ConfigError(f"{source}: field 'use_bidirectional_attention' is true; only causal attention is supported")
     if raw.get("vision_config"):
         raise ConfigError(f"{source}: field 'vision_config' is set; vision models are not supported")
-    if arch not in MOE_ARCHITECTURES:
+    if not spec.mixture_of_experts:
         for field in ("num_experts", "num_local_experts"):
             if raw.get(field):
                 raise ConfigError(f"{source}: field '{field}' is set, but {arch} is a dense architecture; mixtures of experts: {', '.join(MOE_ARCHITECTURES)}")
     quant = raw.get("quantization_config")
-    if quant is not None:  # MXFP4 experts are gpt-oss's own format (run as stored); no other scheme
+    if quant is not None:  # a format the family ships in and runs as stored (gpt-oss's MXFP4); no other scheme
         method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if not (method == "mxfp4" and arch == "GptOssForCausalLM"):
+        if not spec.allows_quantization(method):
             raise ConfigError(f"{source}: field 'quantization_config.quant_method' is {method!r}; only gpt-oss's 'mxfp4' is supported "
                               "(or convert the checkpoint to float weights, or a GGUF file)")
     if raw.get("clip_qkv") is not None:  # OLMoE
@@ -448,57 +363,22 @@ def _refuse_unsupported(raw: dict, arch: str, source: str) -> None:
     for field in ("moe_layer_freq", "n_shared_experts", "first_k_dense_replace", "topk_method", "n_group", "scoring_func"):
         if raw.get(field) is not None:  # other routers (DeepSeek's groups, sigmoid scoring, ..)
             raise ConfigError(f"{source}: field '{field}' is set; this router is not supported")
+    spec.refuse(fields)
 
 
-def _layer_kinds(raw: dict, arch: str, layers: int, source: str) -> tuple[int | None, tuple[str, ...], tuple[bool, ...]]:
+def _layer_kinds(fields: Fields, spec: Architecture, layers: int) -> tuple[int | None, tuple[str, ...], tuple[bool, ...]]:
     """(sliding window, per-layer attention types, per-layer RoPE flags), as transformers derives
     them for each architecture when config.json does not list `layer_types`."""
-    window = raw.get("sliding_window")
-    if arch == "MistralForCausalLM" and "sliding_window" not in raw:
-        window = 4096  # MistralConfig's default
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM") and not raw.get("use_sliding_window"):
-        window = None
-    if arch == "OlmoeForCausalLM":  # OLMoE attends to every earlier key
-        window = None
-        window = None
-    if arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") and "sliding_window" not in raw:
-        window = 4096
-    if arch == "GptOssForCausalLM" and "sliding_window" not in raw:
-        window = 128
+    source = fields.source
+    window = spec.window(fields)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
         raise ConfigError(f"{source}: field 'sliding_window' must be a positive integer or null, got {window!r}")
-
-    rope_layers: tuple[bool, ...] = ()
-    if arch == "SmolLM3ForCausalLM":
-        flags = raw.get("no_rope_layers")  # despite the name: 1 where a layer uses RoPE
-        if flags is None:
-            interval = raw.get("no_rope_layer_interval", 4)
-            if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
-                raise ConfigError(f"{source}: field 'no_rope_layer_interval' must be a positive integer")
-            flags = [int((i + 1) % interval != 0) for i in range(layers)]
-        if not isinstance(flags, list) or len(flags) != layers or any(f not in (0, 1) for f in flags):
-            raise ConfigError(f"{source}: field 'no_rope_layers' must list 0 or 1 for each of the {layers} layers")
-        rope_layers = tuple(bool(f) for f in flags)
-
-    types = raw.get("layer_types")
+    rope_layers = spec.rope_layers(fields, layers)
+    types = fields.raw.get("layer_types")
     if types is None:
         if window is None:
             return None, (), rope_layers
-        if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-            first = raw.get("max_window_layers", 28)
-            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
-        elif arch == "Qwen2MoeForCausalLM":  # Qwen2MoeConfig: every other layer below max_window_layers
-            first = raw.get("max_window_layers", 28)
-            types = ["sliding_attention" if (i + 1) % 2 and i < first else "full_attention" for i in range(layers)]
-        elif arch == "SmolLM3ForCausalLM":
-            types = ["full_attention" if rope_layers[i] else "sliding_attention" for i in range(layers)]
-        elif arch == "GptOssForCausalLM":  # GptOssConfig: sliding, full, sliding, ..
-            types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-        elif arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
-            pattern = raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2)
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-        else:  # Mistral, Mixtral, Qwen3-MoE, Phi-3: every layer
-            types = ["sliding_attention"] * layers
+        types = spec.layer_types(fields, layers, rope_layers)
     if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
         raise ConfigError(f"{source}: field 'layer_types' must list one of {', '.join(LAYER_TYPES)} for each of the {layers} layers")
     if window is None:  # transformers: a sliding layer without a window attends to everything

@@ -21,27 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..architectures import GGUF_NAMES, spec_of_gguf
 from ..errors import ConfigError, GGUFError
 from ..memory import release_pages
 from .gguf_check import GGUFLayout, LazyArray, TensorEntry, check_gguf
 
-# GGUF `general.architecture` -> HF architecture
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-    "qwen2moe": "Qwen2MoeForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-    "olmoe": "OlmoeForCausalLM",
-    "gpt-oss": "GptOssForCausalLM",
-}
-# llama.cpp writes Mixtral as "llama" with experts, and renormalises the top k weights of these
-# architectures by its own table unless the file says (expert_weights_norm)
-MOE_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False}
 # Tensors that hold RoPE settings rather than weights: read into the config.
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # ggml types that run on the float32 and bfloat16 kernels when a file holds nothing else
@@ -93,15 +77,14 @@ class GGUFModel:
         self.layout: GGUFLayout = check_gguf(self.path)
         self.meta = Metadata(self.layout.metadata, self.path)
         self.arch = self.meta.require("general.architecture", str)
-        if self.arch not in ARCHITECTURES:
-            raise GGUFError(
-                f"{self.path}: metadata 'general.architecture' is {self.arch!r}; supported: {', '.join(ARCHITECTURES)}"
-            )
+        self.spec = spec_of_gguf(self.arch, experts=bool(self.meta.typed(self.arch + ".expert_count", int, 0)))
+        if self.spec is None:
+            raise GGUFError(f"{self.path}: metadata 'general.architecture' is {self.arch!r}; supported: {', '.join(GGUF_NAMES)}")
         self.parts = split_parts(self.path, self.layout)  # [(path, layout)]: the file, or each part of a split one
         self._part_of = {t.name: i for i, (_, layout) in enumerate(self.parts) for t in layout.tensors}
         self.tensors = [t for _, layout in self.parts for t in layout.tensors]
         self._by_gguf_name = {t.name: t for t in self.tensors}
-        self.config = hf_config(self.meta, self.arch, self._small_tensor)
+        self.config = hf_config(self.meta, self.arch, self.spec, self._small_tensor)
         self.config["tie_word_embeddings"] = "output.weight" not in self._by_gguf_name
         try:
             self.cfg = ModelConfig.from_dict(self.config, source=str(self.path))
@@ -182,7 +165,7 @@ class GGUFModel:
     def _unpermute(self, hf_name: str, w: np.ndarray) -> np.ndarray:
         """Undo convert_hf_to_gguf's permute() of Llama's Q and K rows (llama.cpp rotates pairs
         of neighbours; HF the two halves of each head)."""
-        if self.arch != "llama" or not hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if not self.spec.gguf_permuted_qk or not hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             return w
         heads = self.cfg.num_attention_heads if hf_name.endswith("q_proj.weight") else self.cfg.num_key_value_heads
         return w[unpermute_rows(w.shape[0], heads)]
@@ -202,7 +185,7 @@ class GGUFModel:
     def tokenizer_json(self) -> str:
         from .gguf_tokenizer import build_tokenizer_json
 
-        return build_tokenizer_json(self.meta, self.arch)
+        return build_tokenizer_json(self.meta, self.spec.gguf_tokenizer)
 
     def tokenizer_config(self) -> dict:
         from .gguf_tokenizer import tokenizer_config
@@ -266,20 +249,21 @@ def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
     return names
 
 
-def hf_config(meta: Metadata, arch: str, tensor) -> dict:
-    """config.json fields from GGUF metadata (and its RoPE tensors, read by `tensor(name)`)."""
+def hf_config(meta: Metadata, arch: str, spec, tensor) -> dict:
+    """config.json fields from GGUF metadata (and its RoPE tensors, read by `tensor(name)`) of
+    general.architecture `arch`, read as its spec (minillm.architectures) says."""
     p = arch + "."
     hidden = meta.require(p + "embedding_length", int)
     heads = meta.require(p + "attention.head_count", int)
     kv_heads = meta.typed(p + "attention.head_count_kv", int, heads)
     head_dim = meta.typed(p + "attention.key_length", int)
-    if head_dim is None:  # transformers reads rope.dimension_count as head_dim for Llama only
-        head_dim = meta.typed(p + "rope.dimension_count", int) if arch == "llama" else None
+    if head_dim is None and spec.gguf_head_dim_from_rope:  # as transformers reads it
+        head_dim = meta.typed(p + "rope.dimension_count", int)
     head_dim = head_dim or hidden // max(heads, 1)
     layers = meta.require(p + "block_count", int)
     experts = meta.typed(p + "expert_count", int, 0)
     config = {
-        "architectures": ["MixtralForCausalLM" if arch == "llama" and experts else ARCHITECTURES[arch]],
+        "architectures": [spec.hf_names[0]],
         "model_type": arch,
         "vocab_size": meta.typed(p + "vocab_size", int) or meta.count("tokenizer.ggml.tokens"),
         "hidden_size": hidden,
@@ -296,46 +280,13 @@ def hf_config(meta: Metadata, arch: str, tensor) -> dict:
         "torch_dtype": "float32",
     }
     if experts:
-        config.update(_experts(meta, p, arch, experts))
-    if arch == "gpt-oss":  # sliding and full layers by turns (GptOssConfig's default)
-        config["sliding_window"] = meta.require(p + "attention.sliding_window", int)
+        config.update(spec.gguf_experts(meta, p, experts))
     rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         config["partial_rotary_factor"] = rope_dims / head_dim
-    theta = float(meta.typed(p + "rope.freq_base", float, 1_000_000.0 if arch == "gemma3" else 10000.0))
-    rope = {"rope_theta": theta, **_rope_scaling(meta, p, tensor, config)}
-    if arch in ("gemma2", "gemma3"):
-        config.update(_gemma(meta, p, arch, config, rope))
-    else:
-        if arch == "gpt-oss" and rope.get("rope_type") == "yarn":
-            rope["truncate"] = False  # GptOssConfig's YaRN; llama.cpp's converter writes no key for it
-        config["rope_theta"] = theta
-        if len(rope) > 1:
-            config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    theta = float(meta.typed(p + "rope.freq_base", float, spec.rope_theta))
+    spec.gguf_config(meta, p, config, {"rope_theta": theta, **_rope_scaling(meta, p, tensor, config)})
     return config
-
-
-def _experts(meta: Metadata, p: str, arch: str, experts: int) -> dict:
-    """A mixture of experts' config fields: llama.cpp's expert keys; every layer sparse, as
-    llama.cpp runs these architectures."""
-    if arch == "gpt-oss":  # its router and experts are the architecture's own (no gating keys)
-        return {"num_local_experts": experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
-                "intermediate_size": meta.require(p + "expert_feed_forward_length", int)}
-    if arch not in MOE_NORM_TOPK:
-        raise GGUFError(f"{meta.path}: metadata '{p}expert_count' is set; mixtures of experts run for {', '.join(MOE_NORM_TOPK)}")
-    gating = meta.typed(p + "expert_gating_func", int)
-    if gating not in (None, 1):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
-        raise GGUFError(f"{meta.path}: metadata '{p}expert_gating_func' is {gating}; only the softmax router is supported")
-    out = {
-        "num_local_experts" if arch == "llama" else "num_experts": experts,
-        "num_experts_per_tok": meta.require(p + "expert_used_count", int),
-        "norm_topk_prob": bool(meta.typed(p + "expert_weights_norm", bool, MOE_NORM_TOPK[arch])),
-    }
-    if arch in ("qwen2moe", "qwen3moe"):
-        out["moe_intermediate_size"] = meta.require(p + "expert_feed_forward_length", int)
-    if arch == "qwen2moe":
-        out["shared_expert_intermediate_size"] = meta.require(p + "expert_shared_feed_forward_length", int)
-    return out
 
 
 def _end_tokens(meta: Metadata) -> int | list[int] | None:
@@ -381,44 +332,6 @@ def _rope_scaling(meta: Metadata, p: str, tensor, config: dict) -> dict:
         return {"rope_type": "longrope", "long_factor": freqs.tolist(), "short_factor": freqs.tolist(), "attention_factor": 1.0,
                 "original_max_position_embeddings": config["max_position_embeddings"]}
     raise GGUFError(f"{meta.path}: metadata '{p}rope.scaling.type' {kind!r} is not supported")
-
-
-def _gemma(meta: Metadata, p: str, arch: str, config: dict, rope: dict) -> dict:
-    """Gemma 2 and 3: sliding and full layers, soft-capping, query scaling and (Gemma 3) a RoPE
-    base per layer type, with llama.cpp's defaults where the file is silent."""
-    layers, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
-    out: dict = {"hidden_activation": "gelu_pytorch_tanh"}
-    # llama.cpp scales queries by hidden / heads for the 27B models (62 and 46 layers), else head_dim
-    big = (arch, layers) in (("gemma3", 62), ("gemma2", 46))
-    out["query_pre_attn_scalar"] = hidden // heads if big else config["head_dim"]
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        out[key] = meta.typed(p + key, float)
-    window = meta.typed(p + "attention.sliding_window", int)
-    out["sliding_window"] = window
-    if arch == "gemma2":
-        out["rope_theta"] = rope.pop("rope_theta")
-        if len(rope) > 0:
-            out["rope_scaling"] = rope
-        return out
-    if window:
-        pattern = meta.get(p + "attention.sliding_window_pattern", 6)
-        if isinstance(pattern, list):  # per layer: true where it slides
-            sliding = [bool(v) for v in pattern]
-        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
-            sliding = [(i + 1) % pattern != 0 for i in range(layers)]
-        else:
-            raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must be a positive integer or a list")
-        if len(sliding) != layers:
-            raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must list {layers} layers")
-        out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
-    else:
-        out["layer_types"] = ["full_attention"] * layers
-    local = float(meta.typed(p + "rope.freq_base_swa", float, 10000.0))
-    out["rope_parameters"] = {
-        "full_attention": {"rope_type": "default", **rope},
-        "sliding_attention": {"rope_type": "default", "rope_theta": local},
-    }
-    return out
 
 
 def tensor_bytes(data: np.ndarray, layout: GGUFLayout, t: TensorEntry) -> np.ndarray:

@@ -48,8 +48,8 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
             tensors.update(hub_tensors(model.cfg, name, model.float32(name)))
             bar.update(1)
         bar.close()
-        if model.cfg.architecture == "GptOssForCausalLM":
-            _gpt_oss_experts(model.cfg, tensors)
+        if model.cfg.spec.stacked_experts_on_hub:
+            model.cfg.spec.hub_experts(model.cfg, tensors)
         write_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
         del tensors
         write_text_files(tmp, files)
@@ -72,7 +72,7 @@ def hub_tensors(cfg, name: str, w):
     """{HF name: array} as checkpoints on the Hub store `name`: a mixture of experts' stacked
     matrices (llama.cpp's ffn_*_exps) as one matrix per expert, under the architecture's prefix."""
     parts = name.split(".")
-    if not cfg.num_experts or cfg.architecture == "GptOssForCausalLM" or len(parts) < 5 or parts[3] != "mlp" or not cfg.layer_is_sparse(int(parts[2])):
+    if not cfg.num_experts or cfg.spec.stacked_experts_on_hub or len(parts) < 5 or parts[3] != "mlp" or not cfg.layer_is_sparse(int(parts[2])):
         return {name: w}
     i = int(parts[2])
     rest = ".".join(parts[4:])
@@ -86,22 +86,6 @@ def hub_tensors(cfg, name: str, w):
         kind = rest.split(".")[1][: -len("_proj")]
         return {expert_matrix(cfg, i, e, kind): np.ascontiguousarray(w[e]) for e in range(w.shape[0])}
     return {name: w}
-
-
-def _gpt_oss_experts(cfg, tensors: dict) -> None:
-    """gpt-oss's experts as its checkpoints store them, in place of llama.cpp's: gate and up
-    interleaved (gate at even columns) and transposed, (E, H, 2 I); down transposed, (E, I, H);
-    the biases beside them as `<name>_bias`."""
-    for i in range(cfg.num_hidden_layers):
-        moe = moe_prefix(cfg, i, stacked=True) + "experts."
-        gate, up, down = (tensors.pop(f"{moe}{kind}_proj.weight") for kind in ("gate", "up", "down"))
-        gate_bias, up_bias, down_bias = (tensors.pop(f"{moe}{kind}_proj.bias") for kind in ("gate", "up", "down"))
-        gate_up = np.empty((gate.shape[0], gate.shape[2], 2 * gate.shape[1]), np.float32)
-        gate_up[..., 0::2], gate_up[..., 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
-        bias = np.empty((gate.shape[0], 2 * gate.shape[1]), np.float32)
-        bias[:, 0::2], bias[:, 1::2] = gate_bias, up_bias
-        tensors.update({moe + "gate_up_proj": gate_up, moe + "gate_up_proj_bias": bias,
-                        moe + "down_proj": np.ascontiguousarray(down.transpose(0, 2, 1)), moe + "down_proj_bias": down_bias})
 
 
 def _progress(total: int, desc: str | None):

@@ -54,8 +54,9 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars)))
 
 
-def build_tokenizer_json(meta, arch: str) -> str:
-    """tokenizer.json text for the vocabulary in `meta` (gguf_file.Metadata) of architecture `arch`."""
+def build_tokenizer_json(meta, spelling: str) -> str:
+    """tokenizer.json text for the vocabulary in `meta` (gguf_file.Metadata); a SentencePiece
+    vocabulary spelled as the architecture's spec says (`spelling`: "llama", "phi3" or "gemma")."""
     model = meta.require("tokenizer.ggml.model", str)
     tokens = meta.require("tokenizer.ggml.tokens", list)
     if not all(isinstance(t, str) for t in tokens):
@@ -64,7 +65,7 @@ def build_tokenizer_json(meta, arch: str) -> str:
     if model == "gpt2":
         tok = _byte_level(meta, tokens)
     elif model == "llama":
-        tok = _sentencepiece(meta, tokens, arch)
+        tok = _sentencepiece(meta, tokens, spelling)
     else:
         raise GGUFError(
             f"{meta.path}: metadata 'tokenizer.ggml.model' is {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)"
@@ -155,13 +156,13 @@ def _byte_level(meta, tokens: list[str]):
     return tok
 
 
-def _sentencepiece(meta, tokens: list[str], arch: str):
+def _sentencepiece(meta, tokens: list[str], spelling: str):
     """SentencePiece BPE with byte fallback. Llama's spelling: a space prepended, spaces as "▁"
     (Metaspace); Phi-3 the same through a normalizer; Gemma no prefix space, and a token of
     several spaces stored as real spaces is looked up as that many "▁"."""
     from tokenizers import decoders, normalizers, pre_tokenizers
 
-    gemma = arch.startswith("gemma")
+    gemma = spelling == "gemma"
     if gemma:
         tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {}
@@ -184,7 +185,7 @@ def _sentencepiece(meta, tokens: list[str], arch: str):
     if gemma:
         tok.normalizer = normalizers.Replace(" ", SPACE)
         tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
-    elif arch == "phi3":
+    elif spelling == "phi3":
         tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
         steps.append(decoders.Strip(content=" ", left=1))
     else:  # a space before the text unless the file says otherwise (tokenizer.ggml.add_space_prefix)

@@ -23,8 +23,8 @@ NORM_NAMES = {
 
 # A mixture of experts' tensors under a sparse layer's prefix: the router, then each expert's
 # gate, up and down matrices, per expert (as checkpoints on the Hub store them) or stacked in 3-D
-# tensors (as transformers 5 holds them in memory, and some checkpoints store them).
-EXPERT_NAMES = {"MixtralForCausalLM": ("w1", "w3", "w2")}  # gate, up, down; others gate_proj, up_proj, down_proj
+# tensors (as transformers 5 holds them in memory, and some checkpoints store them). The names
+# are the architecture's spec's (router_tensor, expert_tensors, per_expert_block).
 STACKED_GATE_UP, STACKED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # (E, 2 I, H): gate rows then up; (E, H, I)
 # gpt-oss stores them transposed, gate and up interleaved: (E, H, 2 I) gate at even columns, up at
 # odd; (E, I, H); each with a bias (E, 2 I), (E, H) named with "_bias"; its router is `mlp.router`.
@@ -35,19 +35,18 @@ STACKED_GATE_UP, STACKED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # (
 
 def router_name(cfg: ModelConfig, layer: int, stacked: bool = False) -> str:
     """The HF name of layer `layer`'s router matrix."""
-    return moe_prefix(cfg, layer, stacked) + ("router.weight" if cfg.architecture == "GptOssForCausalLM" else "gate.weight")
+    return moe_prefix(cfg, layer, stacked) + cfg.spec.router_tensor
 
 
 def moe_prefix(cfg: ModelConfig, layer: int, stacked: bool = False) -> str:
     """The HF name prefix of layer `layer`'s mixture of experts (transformers 5 names Mixtral's
     `mlp` too, in the stacked layout)."""
-    mixtral = cfg.architecture == "MixtralForCausalLM" and not stacked
-    return f"model.layers.{layer}." + ("block_sparse_moe." if mixtral else "mlp.")
+    return f"model.layers.{layer}." + ("mlp." if stacked else cfg.spec.per_expert_block)
 
 
 def expert_matrix(cfg: ModelConfig, layer: int, expert: int, kind: str) -> str:
     """The per-expert name of expert `expert`'s `kind` ("gate", "up" or "down") matrix in layer `layer`."""
-    names = EXPERT_NAMES.get(cfg.architecture, ("gate_proj", "up_proj", "down_proj"))
+    names = cfg.spec.expert_tensors
     return moe_prefix(cfg, layer) + f"experts.{expert}.{names[('gate', 'up', 'down').index(kind)]}.weight"
 
 

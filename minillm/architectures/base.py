@@ -1,0 +1,172 @@
+"""What an architecture is to minillm: one spec object, read by everything that must know it.
+
+A family's module subclasses `Architecture` and states only where it differs from Llama: the
+config.json fields it reads and their defaults, its tensor names, its GGUF metadata and what
+llama.cpp's converter changed, its row of the docs' model table. The config turns a spec into
+knobs (ModelConfig fields); the one compiled forward pass reads those knobs and never a name.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError, GGUFError
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class Fields:
+    """Typed access to config.json fields, with errors that name the field."""
+
+    def __init__(self, raw: dict, source: str):
+        self.raw, self.source = raw, source
+
+    def positive_int(self, name: str, default: int | None = None) -> int:
+        value = self.raw.get(name, default)
+        if value is None:
+            raise ConfigError(f"{self.source}: missing field '{name}'")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{self.source}: field '{name}' must be a positive integer, got {value!r}")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.raw.get(name, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ConfigError(f"{self.source}: field '{name}' must be a finite number, got {value!r}")
+        return float(value)
+
+    def optional_positive(self, name: str, default: float | None = None) -> float | None:
+        if self.raw.get(name, default) is None:
+            return None
+        value = self.number(name, default)
+        if value <= 0:
+            raise ConfigError(f"{self.source}: field '{name}' must be a positive number or null, got {value!r}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.raw.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.source}: field '{name}' must be true or false, got {value!r}")
+        return value
+
+    def int_list(self, name: str, default: list | None = None) -> list[int]:
+        value = self.raw.get(name, default)
+        if value is None:
+            value = []
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise ConfigError(f"{self.source}: field '{name}' must be a list of integers")
+        return value
+
+
+class Architecture:
+    """Llama's choices; a family overrides what it changes. Class attributes are plain facts,
+    methods read config.json (`fields`, a Fields) or GGUF metadata (`meta`, gguf_file.Metadata)."""
+
+    hf_names: tuple[str, ...] = ()  # config.json "architectures" values this spec reads
+    gguf_name: str | None = None  # GGUF general.architecture (None: llama.cpp writes none of its own)
+    docs: tuple[str, str, str, str, str] = ("", "", "", "", "")  # the model table: norms, q/k norm, MLP, attention, RoPE
+    docs_note = ""  # after the name in that table
+
+    # ---------------------------------------------------------------- the layer's shape
+    norm_placement = "pre"  # "pre", "post" (after each sub-block) or "sandwich" (before and after)
+    norm_offset = False  # norms scale by (1 + w)
+    qk_norm: str | None = None  # "head" or "projection"
+    fused_projections = False  # qkv_proj and gate_up_proj
+    activation_field, default_activation = "hidden_act", "silu"
+    default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
+    rope_theta = 10000.0  # when config.json names none
+    mixture_of_experts = False
+
+    def biases(self, fields: Fields) -> dict:
+        """attention_bias (q, k, v, o), qkv_bias (q, k, v only), mlp_bias."""
+        return dict(attention_bias=fields.boolean("attention_bias", default=False), qkv_bias=False, mlp_bias=False)
+
+    def variant(self, fields: Fields, hidden: int) -> dict:
+        """Further ModelConfig fields where the family differs (scales, soft caps, multipliers)."""
+        return {}
+
+    def activation(self, fields: Fields) -> str:
+        act = fields.raw.get(self.activation_field, self.default_activation)
+        if act not in ("silu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"{fields.source}: field '{self.activation_field}' is {act!r}; supported: 'silu', 'gelu_pytorch_tanh'")
+        return act
+
+    def refuse(self, fields: Fields) -> None:
+        """Fields of this family that minillm does not implement: an error naming the field."""
+
+    def allows_quantization(self, method) -> bool:
+        """Whether config.json's quantization_config method runs as stored (gpt-oss's MXFP4)."""
+        return False
+
+    # ---------------------------------------------------------------- RoPE
+    def rope_type(self, rope_type: str) -> str:
+        """The RoPE type as the family's config class reads the name (Phi-3: "su" is longrope)."""
+        return rope_type
+
+    original_context: int | None = None  # original_max_position_embeddings when config.json names none
+
+    def local_rope(self, fields: Fields, read) -> tuple | None:
+        """The RoPE base and scaling of sliding layers when they have their own (read(layer_type,
+        default_theta) reads one); None: the same as every layer's."""
+        return None
+
+    def rope_layers(self, fields: Fields, layers: int) -> tuple[bool, ...]:
+        """Per layer: False where a layer has no RoPE; () for all."""
+        return ()
+
+    # ---------------------------------------------------------------- sliding windows
+    default_window: int | None = None  # the window when config.json has no "sliding_window" field
+
+    def window(self, fields: Fields) -> int | None:
+        """The window of sliding layers, as the family's config class reads it."""
+        return fields.raw["sliding_window"] if "sliding_window" in fields.raw else self.default_window
+
+    def layer_types(self, fields: Fields, layers: int, rope_layers: tuple[bool, ...]) -> list[str]:
+        """Each layer's attention when config.json lists no layer_types and a window is set."""
+        return ["sliding_attention"] * layers
+
+    # ---------------------------------------------------------------- mixtures of experts
+    expert_count_field = "num_experts"  # read first; "num_local_experts" when absent
+    default_top_k: int | None = None
+    expert_width_field = "intermediate_size"  # each expert's MLP width
+    router_tensor = "gate.weight"  # under the layer's MoE prefix
+    expert_tensors = ("gate_proj", "up_proj", "down_proj")  # per expert: gate, up, down
+    per_expert_block = "mlp."  # the MoE prefix of per-expert checkpoints (stacked ones: "mlp.")
+
+    def experts(self, fields: Fields, layers: int, count: int) -> dict:
+        """ModelConfig fields of the router and the layers' sparseness, beyond the counts."""
+        return dict(norm_topk_prob=fields.boolean("norm_topk_prob", default=False), sparse_layers=(True,) * layers)
+
+    # ---------------------------------------------------------------- GGUF
+    gguf_head_dim_from_rope = False  # transformers reads rope.dimension_count as head_dim (Llama)
+    gguf_permuted_qk = False  # convert_hf_to_gguf permuted Q and K rows for llama.cpp's pairwise RoPE
+    gguf_norm_topk: bool | None = None  # llama.cpp's renormalisation of the top k when the file is silent
+    gguf_tokenizer = "llama"  # SentencePiece spelling: "llama" (Metaspace), "phi3" or "gemma"
+    stacked_experts_on_hub = False  # an import keeps the experts stacked (as the family's checkpoints are)
+
+    def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
+        """Fill config.json fields from metadata (prefix `p`): RoPE (`rope`: its base and scaling
+        as config fields) and whatever the family reads beyond the common keys."""
+        config["rope_theta"] = rope.pop("rope_theta")
+        if rope:
+            config["rope_scaling"] = rope
+
+    def gguf_experts(self, meta, p: str, experts: int) -> dict:
+        """A mixture of experts' config fields from llama.cpp's expert keys (every layer sparse,
+        as llama.cpp runs them)."""
+        if self.gguf_norm_topk is None:
+            raise GGUFError(f"{meta.path}: metadata '{p}expert_count' is set, but {self.hf_names[0]} has no experts")
+        gating = meta.typed(p + "expert_gating_func", int)
+        if gating not in (None, 1):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+            raise GGUFError(f"{meta.path}: metadata '{p}expert_gating_func' is {gating}; only the softmax router is supported")
+        return {self.expert_count_field: experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
+                "norm_topk_prob": bool(meta.typed(p + "expert_weights_norm", bool, self.gguf_norm_topk))}
+
+    def hub_experts(self, cfg, tensors: dict) -> None:
+        """Rewrite an import's stacked experts in place as the family's checkpoints store them
+        (with stacked_experts_on_hub)."""
+
+
+def sliding_every(pattern: int, layers: int) -> list[str]:
+    """Sliding layers with every `pattern`-th a full one (Gemma, OLMo 3, EXAONE 4)."""
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
