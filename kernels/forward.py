@@ -12,7 +12,7 @@ query/KV heads, hd head dim, ctx the cache's positions.
     for each layer l:
         h = x + out_norm(o(attention(rope(qk_norm(qkv(norm(x)))))))      GQA, KV cache, window, soft cap
         x = h + out_norm(mlp(norm(h)))                                   dense or a mixture of experts
-    logits = cap(lm_head(final_norm(x[logit_rows])))                  (G, V)
+    logits = cap(lm_head(final_norm(x[logit_rows])) / logit_scale)    (G, V)
 
     mlp(x) = down(act(gate(x)) * up(x))                                  SiLU or GELU-tanh
     sparse layer: mlp(x) = sum over the router's top k experts e of p_e * mlp_e(x)
@@ -137,6 +137,8 @@ class ModelWeights(NamedTuple):
     sinks: np.ndarray  # (L, nh) each head's attention sink logit (gpt-oss), or (L, 0)
     swiglu_alpha: float  # CLAMPED_SWIGLU's sigmoid gain
     swiglu_limit: float  # and clamp
+    residual_scale: float  # each sub-block's output is multiplied by it before the residual add (Granite; else 1)
+    logit_scale: float  # logits are divided by it (Granite; else 1)
 
 
 class Workspace(NamedTuple):
@@ -176,7 +178,7 @@ ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
-     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, types.float32, types.float32], ModelWeights)
+     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
@@ -260,6 +262,10 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         rmsnorm_row(ws.xn[g], x[rows.logit_rows[g]], w.final_norm, w.eps)
     ws.params[P_ROWS] = G
     _linear_step(FROM_XN, ONE, embed + 1, embed + 1, embed + 1, TO_LOGITS, w, ws, state)
+    if w.logit_scale != 1:
+        for g in range(G):
+            for v in range(rows.logits.shape[1]):
+                rows.logits[g, v] /= w.logit_scale
     if w.final_softcap > 0:
         for g in range(G):
             softcap_row(rows.logits[g], w.final_softcap)
@@ -627,7 +633,7 @@ def residual_step(t, threads, state):
         bias, norm = w.o_bias, w.attn_out_norm
     else:
         bias, norm = w.down_bias, w.mlp_out_norm
-    _residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps)
+    _residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps, w.residual_scale)
 
 
 def gate_step(t, threads, state):
@@ -894,15 +900,18 @@ def _norm_groups(x, norm, l, eps):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _residual_span(r0, r1, x, proj, bias, norm, l, eps):
-    """x[t] += norm(proj[t] + bias): layer l's bias row and output norm, each where the model has
-    one ((L, 0) otherwise)."""
+def _residual_span(r0, r1, x, proj, bias, norm, l, eps, scale):
+    """x[t] += norm(proj[t] + bias) * scale: layer l's bias row and output norm, each where the
+    model has one ((L, 0) otherwise); scale 1 but in Granite."""
     for t in range(r0, r1):
         if bias.shape[1] > 0:
             for n in range(x.shape[1]):
                 proj[t, n] += bias[l, n]
         if norm.shape[1] > 0:
             rmsnorm_row(proj[t], proj[t], norm[l], eps)
+        if scale != 1:
+            for n in range(x.shape[1]):
+                proj[t, n] *= scale
         for n in range(x.shape[1]):
             x[t, n] += proj[t, n]
 

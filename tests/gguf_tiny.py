@@ -14,7 +14,9 @@ import numpy as np
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Olmo2ForCausalLM": "olmo2",
              "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
              "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe",
-             "GptOssForCausalLM": "gpt-oss"}
+             "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
+             "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4"}
+PERMUTED_QK = ("llama", "granite")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
 
@@ -41,6 +43,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     head_dim = cfg.get("head_dim") or H // heads
     rope = cfg.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
+    rope_dims = int(head_dim * (cfg.get("partial_rotary_factor") or full.get("partial_rotary_factor") or 1.0))  # GLM-4: half of each head
     w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)  # split: gguf-split's NAME-0000i-of-0000N.gguf
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
@@ -70,11 +73,13 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
         w.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
-    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss"):
+    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss") or cfg.get("head_dim") and arch not in PERMUTED_QK + ("phi3", "olmo2"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+        if rope_dims != head_dim:
+            w.add_rope_dimension_count(rope_dims)
     else:
-        w.add_rope_dimension_count(head_dim)
+        w.add_rope_dimension_count(rope_dims)
     if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(cfg["sliding_window"])
         types = cfg.get("layer_types") or []
@@ -84,6 +89,15 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         if arch == "gemma2":
             w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if arch == "granite":  # as its converter: the four multipliers
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+    if arch in ("olmo2", "exaone4") and cfg.get("sliding_window"):  # OLMo 3 (every fourth layer full), EXAONE 4
+        w.add_sliding_window(cfg["sliding_window"])
+        if arch == "exaone4":
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     if full.get("rope_type") == "linear":
         from gguf import RopeScalingType
 
@@ -106,9 +120,9 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             name = f"blk.{base.split('.')[2]}.ffn_gate_up_exps.{suffix}"
         if base.endswith("shared_expert_gate"):
             t = t.reshape(-1)  # the converter keeps Qwen2-MoE's (1, H) gate as (H,)
-        if arch == "llama" and base.endswith("q_proj"):
+        if arch in PERMUTED_QK and base.endswith("q_proj"):
             t = permute(t, heads)
-        elif arch == "llama" and base.endswith("k_proj"):
+        elif arch in PERMUTED_QK and base.endswith("k_proj"):
             t = permute(t, kv_heads)
         if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             t = t + np.float32(1.0)

@@ -23,7 +23,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
     )
-    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe"):  # their defaults name ids of a real vocabulary
+    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe", "seed_oss", "ernie4_5", "exaone4", "glm4"):  # their defaults name ids of a real vocabulary
         base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(overrides)
     config_cls, model_cls = {
@@ -41,6 +41,12 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
         "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
         "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
+        "granite": (tf.GraniteConfig, tf.GraniteForCausalLM),
+        "olmo3": (tf.Olmo3Config, tf.Olmo3ForCausalLM),
+        "exaone4": (tf.Exaone4Config, tf.Exaone4ForCausalLM),
+        "seed_oss": (tf.SeedOssConfig, tf.SeedOssForCausalLM),
+        "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM),
+        "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

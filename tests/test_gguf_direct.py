@@ -60,10 +60,14 @@ CASES = {
     "mixture": ("llama", dict(K_SHAPES, tie_word_embeddings=False), mixture),
     "v_at_q8_0": ("llama", SMALL, v_at_q8_0),
     "v_mixed_layers": ("llama", SMALL, v_mixed_layers),
+    # families of the architecture specs: Ernie's pairs put in halves on the stored rows, then regrouped; Granite's multipliers
+    "ernie_q8_0": ("ernie4_5", dict(SMALL, head_dim=16), QT.Q8_0),
+    "granite_q4_1": ("granite", dict(SMALL, embedding_multiplier=6.0, attention_multiplier=0.09, residual_multiplier=0.3, logits_scaling=2.5),
+                     QT.Q4_1),
 }
 
 
-GROUPED_CASES = ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "mixture", "v_at_q8_0", "v_mixed_layers")  # with Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrices in whole groups of 16 rows
+GROUPED_CASES = ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "mixture", "v_at_q8_0", "v_mixed_layers", "ernie_q8_0")  # with Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrices in whole groups of 16 rows
 
 
 @pytest.fixture(scope="module", params=list(CASES))

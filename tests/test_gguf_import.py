@@ -33,6 +33,14 @@ CASES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}},
     ),
+    # the families of the architecture specs (minillm.architectures)
+    "granite": dict(arch="granite", embedding_multiplier=6.0, attention_multiplier=0.09, residual_multiplier=0.3, logits_scaling=2.5),
+    "olmo3": dict(arch="olmo3", num_hidden_layers=4, sliding_window=7),  # "olmo2" with a window
+    "exaone4": dict(arch="exaone4", num_hidden_layers=4, sliding_window=6, sliding_window_pattern=2, head_dim=16),
+    "seed_oss": dict(arch="seed_oss", head_dim=8, attention_bias=True, attention_out_bias=True),
+    "ernie4_5": dict(arch="ernie4_5", head_dim=8, use_bias=True, tie_word_embeddings=False),  # pairs rotated, as stored
+    "glm4": dict(arch="glm4", head_dim=16, tie_word_embeddings=False),  # and RoPE on half of each head
+    "phi3-partial": dict(arch="phi3", partial_rotary_factor=0.5),
 }
 
 

@@ -77,6 +77,26 @@ CASES = {
     # Gemma 2: as Gemma 3 without q/k norm, with attention and final soft-capping (defaults 50, 30)
     "gemma2": dict(arch="gemma2", head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
                    attn_logit_softcapping=0.5, final_logit_softcapping=2.0),
+    # Granite 3: multipliers on the embeddings, the scores, each sub-block's output and the logits
+    "granite": dict(arch="granite", embedding_multiplier=6.0, attention_multiplier=0.09, residual_multiplier=0.3, logits_scaling=2.5),
+    # OLMo 3: OLMo 2 with sliding layers (three to each full one), RoPE scaling on the full layers only
+    "olmo3": dict(arch="olmo3", num_hidden_layers=4, sliding_window=7, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # EXAONE 4: norms after the sub-blocks, q/k norm per head, no RoPE on the full layers
+    "exaone4": dict(arch="exaone4", num_hidden_layers=4, sliding_window=6, sliding_window_pattern=2, head_dim=16),
+    # Seed-OSS: q/k/v biases, and an o bias of its own
+    "seed_oss": dict(arch="seed_oss", head_dim=8, attention_bias=True, attention_out_bias=True),
+    "seed_oss-qkv-bias": dict(arch="seed_oss", head_dim=16, attention_bias=True, attention_out_bias=False, num_key_value_heads=1),
+    # Ernie 4.5: RoPE on neighbouring pairs, biases everywhere
+    "ernie4_5": dict(arch="ernie4_5", head_dim=8, use_bias=True, tie_word_embeddings=False),
+    # GLM-4: sandwich norms of its own names, fused gate_up, RoPE on pairs of half of each head
+    "glm4": dict(arch="glm4", head_dim=16, tie_word_embeddings=False),
+    # partial RoPE on HF's halves, with longrope's attention factor past the original context
+    "phi3-partial": dict(arch="phi3", partial_rotary_factor=0.5),
+    "phi3-partial-longrope": dict(arch="phi3", partial_rotary_factor=0.5, max_position_embeddings=64, original_max_position_embeddings=16,
+                                  ctx=40, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                                           "long_factor": [1.0, 1.5], "short_factor": [1.0, 1.1]}),
 }
 
 
@@ -133,7 +153,8 @@ def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
 
 
 BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "gemma3": CASES["gemma3"],
-               "olmo2": CASES["olmo2"], "qwen3-window": CASES["qwen3-window"], "phi3-window": CASES["phi3-window"]}
+               "olmo2": CASES["olmo2"], "qwen3-window": CASES["qwen3-window"], "phi3-window": CASES["phi3-window"],
+               **{name: CASES[name] for name in ("granite", "olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4")}}
 
 
 # every precision on llama and on the new architectures' norm and activation paths

@@ -73,7 +73,9 @@ def test_rope_inv_freq_matches_transformers():
         ({"rms_norm_eps": 0}, "rms_norm_eps"),
         ({"head_dim": 15}, "head_dim"),
         ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),  # Llama's transformers code has none
+        ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+        ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.01}, "partial_rotary_factor"),
         ({"architectures": ["Qwen3ForCausalLM"], "num_experts": 8}, "num_experts"),
         ({"architectures": ["Gemma3ForCausalLM"], "vision_config": {"hidden_size": 8}}, "vision_config"),
         ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional_attention"),

@@ -6,19 +6,25 @@ Adding a family: a module here with its spec, a line below, a tiny-checkpoint te
 from __future__ import annotations
 
 from .base import Architecture, Fields, LAYER_TYPES
+from .ernie import Ernie45
+from .exaone4 import Exaone4
 from .gemma import Gemma2, Gemma3
+from .glm import Glm4
 from .gpt_oss import GptOss
+from .granite import Granite
 from .llama import Llama, Mistral
 from .mixtral import Mixtral
-from .olmo import Olmo2, Olmoe
+from .olmo import Olmo2, Olmo3, Olmoe
 from .phi3 import Phi3
 from .qwen import Qwen2, Qwen3
 from .qwen_moe import Qwen2Moe, Qwen3Moe
+from .seed_oss import SeedOss
 from .smollm3 import SmolLM3
 
 SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
+    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)

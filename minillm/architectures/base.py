@@ -14,6 +14,14 @@ from ..errors import ConfigError, GGUFError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
+# The HF tensor name of each norm of a layer, by norm placement (None: no such norm).
+NORM_NAMES = {
+    "pre": dict(attn_norm="input_layernorm", attn_out_norm=None, mlp_norm="post_attention_layernorm", mlp_out_norm=None),
+    "post": dict(attn_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None, mlp_out_norm="post_feedforward_layernorm"),
+    "sandwich": dict(attn_norm="input_layernorm", attn_out_norm="post_attention_layernorm",
+                     mlp_norm="pre_feedforward_layernorm", mlp_out_norm="post_feedforward_layernorm"),
+}
+
 
 class Fields:
     """Typed access to config.json fields, with errors that name the field."""
@@ -71,15 +79,23 @@ class Architecture:
     norm_placement = "pre"  # "pre", "post" (after each sub-block) or "sandwich" (before and after)
     norm_offset = False  # norms scale by (1 + w)
     qk_norm: str | None = None  # "head" or "projection"
-    fused_projections = False  # qkv_proj and gate_up_proj
+    fused_qkv = False  # q, k and v stored as one qkv_proj
+    fused_gate_up = False  # gate and up stored as one gate_up_proj (gate rows first)
+    interleaved_rope = False  # RoPE rotates neighbouring pairs of q and k (not HF's two halves)
+    partial_rotary = False  # reads partial_rotary_factor (RoPE on the first part of each head only)
     activation_field, default_activation = "hidden_act", "silu"
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
     rope_theta = 10000.0  # when config.json names none
     mixture_of_experts = False
 
+    @property
+    def norm_names(self) -> dict:
+        """The HF name of each norm of a layer (None: no such norm)."""
+        return NORM_NAMES[self.norm_placement]
+
     def biases(self, fields: Fields) -> dict:
-        """attention_bias (q, k, v, o), qkv_bias (q, k, v only), mlp_bias."""
-        return dict(attention_bias=fields.boolean("attention_bias", default=False), qkv_bias=False, mlp_bias=False)
+        """qkv_bias (q, k, v), o_bias, mlp_bias; Llama's attention_bias is the first two."""
+        return attention_bias(fields.boolean("attention_bias", default=False))
 
     def variant(self, fields: Fields, hidden: int) -> dict:
         """Further ModelConfig fields where the family differs (scales, soft caps, multipliers)."""
@@ -141,6 +157,7 @@ class Architecture:
     gguf_head_dim_from_rope = False  # transformers reads rope.dimension_count as head_dim (Llama)
     gguf_permuted_qk = False  # convert_hf_to_gguf permuted Q and K rows for llama.cpp's pairwise RoPE
     gguf_norm_topk: bool | None = None  # llama.cpp's renormalisation of the top k when the file is silent
+    gguf_bias_fields: dict[str, str] = {}  # config field -> the tensor whose presence sets it (llama.cpp writes no key)
     gguf_tokenizer = "llama"  # SentencePiece spelling: "llama" (Metaspace), "phi3" or "gemma"
     stacked_experts_on_hub = False  # an import keeps the experts stacked (as the family's checkpoints are)
 
@@ -167,6 +184,26 @@ class Architecture:
         (with stacked_experts_on_hub)."""
 
 
+def attention_bias(on: bool, mlp: bool = False) -> dict:
+    """Biases on q, k, v and o, or none; on the MLP's matrices with `mlp`."""
+    return dict(qkv_bias=on, o_bias=on, mlp_bias=mlp)
+
+
 def sliding_every(pattern: int, layers: int) -> list[str]:
     """Sliding layers with every `pattern`-th a full one (Gemma, OLMo 3, EXAONE 4)."""
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+
+
+def gguf_layer_types(meta, p: str, layers: int, default: int) -> list[str]:
+    """Layer kinds from attention.sliding_window_pattern: every n-th layer full (n `default` when
+    the file is silent), or a list with true where a layer slides."""
+    pattern = meta.get(p + "attention.sliding_window_pattern", default)
+    if isinstance(pattern, list):
+        sliding = [bool(v) for v in pattern]
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    else:
+        raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must be a positive integer or a list")
+    if len(sliding) != layers:
+        raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must list {layers} layers")
+    return ["sliding_attention" if s else "full_attention" for s in sliding]

@@ -3,8 +3,7 @@ embeddings times sqrt(hidden), queries scaled by query_pre_attn_scalar, sliding 
 soft-capping (Gemma 2's attention; the final logits), Gemma 3's per-head q/k norm and a RoPE base
 per layer type. llama.cpp stores the norms as 1 + w (the loader undoes it: norm_offset)."""
 
-from ..errors import GGUFError
-from .base import Architecture, Fields, sliding_every
+from .base import Architecture, Fields, gguf_layer_types, sliding_every
 
 
 class Gemma2(Architecture):
@@ -67,22 +66,7 @@ class Gemma3(Gemma2):
         with a RoPE base per kind (the sliding layers' freq_base_swa, default 10000)."""
         self.gguf_common(meta, p, config)
         layers = config["num_hidden_layers"]
-        config["layer_types"] = gguf_layer_types(meta, p, layers) if config["sliding_window"] else ["full_attention"] * layers
+        config["layer_types"] = gguf_layer_types(meta, p, layers, default=6) if config["sliding_window"] else ["full_attention"] * layers
         local = float(meta.typed(p + "rope.freq_base_swa", float, 10000.0))
         config["rope_parameters"] = {"full_attention": {"rope_type": "default", **rope},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": local}}
-
-
-def gguf_layer_types(meta, p: str, layers: int) -> list[str]:
-    """Layer kinds from attention.sliding_window_pattern: every n-th layer full, or a list with
-    true where a layer slides."""
-    pattern = meta.get(p + "attention.sliding_window_pattern", 6)
-    if isinstance(pattern, list):
-        sliding = [bool(v) for v in pattern]
-    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
-        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
-    else:
-        raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must be a positive integer or a list")
-    if len(sliding) != layers:
-        raise GGUFError(f"{meta.path}: metadata '{p}attention.sliding_window_pattern' must list {layers} layers")
-    return ["sliding_attention" if s else "full_attention" for s in sliding]

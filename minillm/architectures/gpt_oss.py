@@ -5,7 +5,7 @@ stacked, gate and up interleaved and transposed; llama.cpp's GGUF splits them.""
 
 import numpy as np
 
-from .base import Architecture, Fields
+from .base import Architecture, Fields, attention_bias
 
 
 class GptOss(Architecture):
@@ -23,7 +23,7 @@ class GptOss(Architecture):
         return "clamped_swiglu"  # its experts' own, whatever hidden_act says (GptOssExperts ignores it)
 
     def biases(self, fields: Fields) -> dict:
-        return dict(attention_bias=fields.boolean("attention_bias", default=True), qkv_bias=False, mlp_bias=False)
+        return attention_bias(fields.boolean("attention_bias", default=True))
 
     def allows_quantization(self, method) -> bool:
         return method == "mxfp4"

@@ -1,7 +1,7 @@
 """Mixtral: Mistral whose MLPs are experts (w1, w3, w2 under block_sparse_moe), the top k
 always renormalised. llama.cpp writes it as "llama" with an expert count."""
 
-from .base import Fields
+from .base import Fields, attention_bias
 from .llama import Mistral
 
 
@@ -20,7 +20,7 @@ class Mixtral(Mistral):
     docs = ("before, `x * w`", "-", "mixture of experts: softmax router, top k renormalised", "full or sliding window", "as Llama")
 
     def biases(self, fields: Fields) -> dict:
-        return dict(attention_bias=False, qkv_bias=False, mlp_bias=False)
+        return attention_bias(False)
 
     def experts(self, fields: Fields, layers: int, count: int) -> dict:
         return dict(norm_topk_prob=True, sparse_layers=(True,) * layers)

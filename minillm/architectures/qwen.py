@@ -11,7 +11,7 @@ class Qwen2(Architecture):
             "full, or sliding from `max_window_layers` (`use_sliding_window`)", "as Llama")
 
     def biases(self, fields: Fields) -> dict:
-        return dict(attention_bias=False, qkv_bias=True, mlp_bias=False)
+        return dict(qkv_bias=True, o_bias=False, mlp_bias=False)
 
     def window(self, fields: Fields) -> int | None:
         return fields.raw.get("sliding_window") if fields.raw.get("use_sliding_window") else None

@@ -17,7 +17,7 @@ class Qwen2Moe(Qwen2):
             "gate; dense layers by `mlp_only_layers` and `decoder_sparse_step`; q/k/v biases", "as Qwen2", "as Llama")
 
     def biases(self, fields: Fields) -> dict:
-        return dict(attention_bias=False, qkv_bias=fields.boolean("qkv_bias", default=True), mlp_bias=False)
+        return dict(qkv_bias=fields.boolean("qkv_bias", default=True), o_bias=False, mlp_bias=False)
 
     def layer_types(self, fields: Fields, layers: int, rope_layers) -> list[str]:
         first = fields.raw.get("max_window_layers", 28)  # Qwen2MoeConfig: every other layer below it

@@ -2,7 +2,7 @@
 uses it) and, with use_sliding_window, sliding windows on exactly those."""
 
 from ..errors import ConfigError
-from .base import Architecture, Fields
+from .base import Architecture, Fields, attention_bias
 
 
 class SmolLM3(Architecture):
@@ -10,8 +10,7 @@ class SmolLM3(Architecture):
     docs = ("before, `x * w`", "-", "SiLU gate", "full or sliding", "none in `no_rope_layers` layers")
 
     def biases(self, fields: Fields) -> dict:
-        return dict(attention_bias=fields.boolean("attention_bias", default=False), qkv_bias=False,
-                    mlp_bias=fields.boolean("mlp_bias", default=False))
+        return attention_bias(fields.boolean("attention_bias", default=False), mlp=fields.boolean("mlp_bias", default=False))
 
     def window(self, fields: Fields) -> int | None:
         return fields.raw.get("sliding_window") if fields.raw.get("use_sliding_window") else None

@@ -41,7 +41,7 @@ def rope_inv_freq(cfg: ModelConfig, rope: tuple[float, RopeScaling] | None = Non
     same frequencies (transformers' for a sequence of ctx tokens)."""
     theta, s = rope if rope is not None else (cfg.rope_theta, cfg.rope_scaling)
     ctx = cfg.context_size() if ctx is None else ctx
-    dim = cfg.head_dim
+    dim = cfg.rope_dim  # with partial_rotary_factor, fewer than head_dim: the rest pass (frequency 0, rope_tables)
     f32 = np.float32
     if s.rope_type == "dynamic" and ctx > cfg.max_position_embeddings:
         theta = theta * ((s.factor * ctx / cfg.max_position_embeddings) - (s.factor - 1)) ** (dim / (dim - 2))
@@ -118,9 +118,17 @@ def rope_tables(cfg: ModelConfig, ctx: int) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _scaled_tables(cfg: ModelConfig, rope: tuple[float, RopeScaling], ctx: int) -> tuple[np.ndarray, np.ndarray]:
-    cos, sin = K.rope_tables(rope_inv_freq(cfg, rope, ctx), ctx)
+    """cos, sin (ctx, hd/2): the turned pairs' first, scaled by the attention factor (float32
+    products, as transformers scales them); the pairs RoPE leaves alone with frequency 0 (cos 1,
+    sin 0: their values pass exactly, in the layout rope_halves_order gives q and k)."""
+    turned = cfg.rope_dim // 2
+    inv_freq = np.zeros(cfg.head_dim // 2, np.float32)
+    inv_freq[:turned] = rope_inv_freq(cfg, rope, ctx)
+    cos, sin = K.rope_tables(inv_freq, ctx)
     factor = np.float32(rope_attention_factor(rope[1]))
-    return cos * factor, sin * factor  # float32 products, as transformers scales them
+    cos[:, :turned] *= factor
+    sin[:, :turned] *= factor
+    return cos, sin
 
 
 NO_SCALES = np.zeros((1, 1), np.uint16)  # the scales of a matrix that has none beside it
@@ -438,6 +446,8 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         sinks=np.stack([layer.sinks for layer in layers]).astype(f) if layers[0].sinks is not None else np.zeros((len(layers), 0), f),
         swiglu_alpha=f(cfg.swiglu_alpha),
         swiglu_limit=f(cfg.swiglu_limit),
+        residual_scale=f(cfg.residual_multiplier),
+        logit_scale=f(cfg.logits_scaling),
     )
 
 

@@ -21,8 +21,8 @@ from ..memory import CACHE_LINE, aligned_empty, release_pages
 from .config import ModelConfig
 from .safetensors_io import SafetensorsFile
 from .tensor_names import (
-    HARMLESS_SUFFIXES, NORM_NAMES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, moe_prefix,
-    router_name,
+    HARMLESS_SUFFIXES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, moe_prefix,
+    rope_halves_order, router_name,
 )
 
 DTYPES = tuple(F.LOAD_DTYPES)  # what weights can be converted to at load (kernels.formats)
@@ -51,7 +51,7 @@ class Linear:
 @dataclass
 class LayerWeights:
     """One layer's weights. A norm is None where the architecture has none at that place
-    (NORM_NAMES); norms that scale by (1 + w) are stored as 1 + w."""
+    (the spec's norm_names); norms that scale by (1 + w) are stored as 1 + w."""
 
     attn_norm: np.ndarray | None  # (H,) before attention
     q: Linear  # (q_dim, H)
@@ -188,31 +188,19 @@ def load_checkpoint(
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a model directory or GGUF file")
     dtype = dtype or "float32"
-    cfg = ModelConfig.from_file(source / "config.json")
-    owner = open_shards(source)
-    if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
-        # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
-        cfg = replace(cfg, tie_word_embeddings=True)
-    layout = "per_expert"
-    if any(name.endswith(STACKED_GATE_UP) for name in owner):
-        layout = "stacked"
-    elif any(name.endswith(STACKED_GATE_UP + "_blocks") for name in owner):
-        layout = "mxfp4"
-    shapes = expected_shapes(cfg, layout)
-    check_tensor_set(
-        {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
-        where=lambda name: owner[name].path if name in owner else source,
-        ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
-    )
+    cfg, owner, shapes = _checked_directory(source)
 
     def vector(name: str) -> np.ndarray:
         arr = np.array(owner[name].float32(name), dtype=np.float32)  # small: a private copy
         if check_finite:
             require_finite(arr, owner[name].path, name)
-        return arr
+        return in_rope_order(cfg, name, arr)
 
     def matrix(name: str) -> Linear:
         f = owner[name]
+        if rope_halves_order(cfg, name, f.tensors[name].shape[0]) is not None:  # reordered rows: a copy, converted as any other
+            w = in_rope_order(cfg, name, f.float32(name))
+            return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
         stored = f.tensors[name].dtype
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):  # the mapped file itself
             w = on_cache_lines(f.raw(name))  # a copy where the file's offsets are not (imports write them so)
@@ -252,6 +240,34 @@ def load_checkpoint(
     return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, transposed, mxfp4)
 
 
+def _checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
+    """An HF directory's config, the shard holding each tensor, and the tensors' expected shapes,
+    checked against each other (a mixture of experts' layout found from the names)."""
+    cfg = ModelConfig.from_file(source / "config.json")
+    owner = open_shards(source)
+    if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
+        # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
+        cfg = replace(cfg, tie_word_embeddings=True)
+    layout = "per_expert"
+    if any(name.endswith(STACKED_GATE_UP) for name in owner):
+        layout = "stacked"
+    elif any(name.endswith(STACKED_GATE_UP + "_blocks") for name in owner):
+        layout = "mxfp4"
+    shapes = expected_shapes(cfg, layout)
+    check_tensor_set(
+        {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
+        where=lambda name: owner[name].path if name in owner else source,
+        ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
+    )
+    return cfg, owner, shapes
+
+
+def in_rope_order(cfg: ModelConfig, name: str, w: np.ndarray) -> np.ndarray:
+    """Tensor `name`'s rows as the RoPE kernel turns them (rope_halves_order; moved: a copy)."""
+    order = rope_halves_order(cfg, name, w.shape[0])
+    return w if order is None else w[order]
+
+
 def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Checkpoint MXFP4 (N, K / 32, 16) + (N, K / 32), values 2j and 2j + 1 in byte j, as GGUF's
     MXFP4 rows (N, K / 32 * 17): each block its exponent byte (the same: ggml doubles the levels
@@ -285,18 +301,18 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
         arr = model.float32(name)
         if check_finite:
             require_finite(arr, path, name)
-        return arr
+        return in_rope_order(cfg, name, arr)
 
     def matrix(name: str) -> Linear:
         if not as_stored:  # converted: dequantized whole (one tensor at a time), then packed
-            w = model.float32(name)
+            w = in_rope_order(cfg, name, model.float32(name))
             return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), path, name, check_finite)
         fmt = F.BY_GGML_TYPE.get(model.ggml_type(name))
         if fmt is None:
             raise CheckpointError(f"{path}: tensor {name!r} has ggml type {model.ggml_type(name)}, which minillm cannot run as stored; use --dtype float32")
         if shapes[name][1] % fmt.block:
             raise CheckpointError(f"{path}: tensor {name!r} rows of {shapes[name][1]} are not whole blocks of {fmt.block}; use --dtype float32")
-        w = model.stored(name, as_bytes=fmt.is_gguf_blocks)
+        w = in_rope_order(cfg, name, model.stored(name, as_bytes=fmt.is_gguf_blocks))
         if check_finite:
             require_finite(model.float32(name), path, name)
         if not fmt.is_gguf_blocks:  # F32 or BF16: float32 or bfloat16 bits, on the dense kernels
@@ -361,20 +377,20 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        if cfg.fused_projections:  # Phi-3: row blocks of the fused matrices, views
+        if cfg.fused_qkv:  # Phi-3: row blocks of the fused matrix, views
             q, k, v = split_rows(linear(p + "self_attn.qkv_proj"), cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
         else:
             q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
         mlp: dict = {}
         if cfg.layer_is_sparse(i):
             mlp = _experts(cfg, i, shapes, linear, vector, stacked, transposed, mxfp4)
-        elif cfg.fused_projections:
+        elif cfg.fused_gate_up:
             mlp = dict(zip(("gate", "up"), split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)))
         else:
             mlp = dict(gate=linear(p + "mlp.gate_proj"), up=linear(p + "mlp.up_proj"))
         if not cfg.layer_is_sparse(i):
             mlp["down"] = linear(p + "mlp.down_proj")
-        norms = {place: norm(p + name if name else None) for place, name in NORM_NAMES[cfg.norm_placement].items()}
+        norms = {place: norm(p + name if name else None) for place, name in cfg.spec.norm_names.items()}
         layers.append(
             LayerWeights(
                 q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),

@@ -55,8 +55,8 @@ class ModelConfig:
     rope_theta: float
     rope_scaling: RopeScaling
     tie_word_embeddings: bool
-    attention_bias: bool  # bias on q, k, v and o (Llama's `attention_bias`)
-    qkv_bias: bool  # bias on q, k, v only (Qwen2)
+    qkv_bias: bool  # bias on q, k and v
+    o_bias: bool  # bias on o
     mlp_bias: bool
     sliding_window: int | None  # the window of "sliding_attention" layers; None: no such layers
     bos_token_id: int | None = None
@@ -68,7 +68,9 @@ class ModelConfig:
     norm_placement: str = "pre"  # "pre", "post" (after each sub-block) or "sandwich" (before and after)
     norm_offset: bool = False  # Gemma: norms scale by (1 + w)
     qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", or over the whole "projection"
-    fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj
+    fused_qkv: bool = False  # q, k and v as one qkv_proj (Phi-3)
+    fused_gate_up: bool = False  # gate and up as one gate_up_proj (Phi-3, GLM-4)
+    rotary_dim: int = 0  # the dimensions of each head RoPE turns (partial_rotary_factor); 0: all of head_dim
     embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden_size)
     query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its -1/2 power, not head_dim's
     attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
@@ -84,6 +86,10 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head in attention's softmax denominator (gpt-oss)
     swiglu_alpha: float = 1.702  # hidden_act "clamped_swiglu" (gpt-oss): (up + 1) * g * sigmoid(alpha g),
     swiglu_limit: float = 7.0  # gate clamped above at limit, up to [-limit, limit]
+    attention_multiplier: float | None = None  # Granite: what scores are multiplied by, in place of head_dim^-1/2
+    residual_multiplier: float = 1.0  # Granite: each sub-block's output times this before the residual add
+    logits_scaling: float = 1.0  # Granite: logits divided by it
+    interleaved_rope: bool = False  # q and k rotate neighbouring pairs (Ernie 4.5); the loader permutes their rows to halves
 
     @property
     def spec(self) -> Architecture:
@@ -105,8 +111,15 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def rope_dim(self) -> int:
+        """The dimensions of each head RoPE turns (the rest pass through)."""
+        return self.rotary_dim or self.head_dim
+
+    @property
     def attn_scale(self) -> float:
         """What attention scores are multiplied by before softmax."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
 
     def layer_window(self, i: int) -> int:
@@ -192,8 +205,7 @@ class ModelConfig:
             )
         if head_dim % 2:
             raise ConfigError(f"{source}: field 'head_dim' ({head_dim}) must be even for RoPE")
-        if raw.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ConfigError(f"{source}: field 'partial_rotary_factor' other than 1.0 is not supported")
+        rotary_dim = _rotary_dim(raw, source, head_dim, spec)
 
         eps = fields.number("rms_norm_eps", default=1e-6)
         if not eps > 0:
@@ -232,10 +244,33 @@ class ModelConfig:
             norm_placement=spec.norm_placement,
             norm_offset=spec.norm_offset,
             qk_norm=spec.qk_norm,
-            fused_projections=spec.fused_projections,
+            fused_qkv=spec.fused_qkv,
+            fused_gate_up=spec.fused_gate_up,
+            rotary_dim=rotary_dim,
+            interleaved_rope=spec.interleaved_rope,
             **spec.variant(fields, hidden),
             **_experts(fields, spec, layers),
         )
+
+
+def _rotary_dim(raw: dict, source: str, head_dim: int, spec: Architecture) -> int:
+    """The dimensions of each head RoPE turns: head_dim times partial_rotary_factor (top level, or
+    in rope_parameters), which must leave an even count; 0 for all of them. Only for a family
+    whose transformers code reads the factor (spec.partial_rotary)."""
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    field, factor = "partial_rotary_factor", raw.get("partial_rotary_factor")
+    if factor is None and "partial_rotary_factor" in params:
+        field, factor = "rope_parameters.partial_rotary_factor", params["partial_rotary_factor"]
+    if factor is None or factor == 1.0:
+        return 0
+    if not spec.partial_rotary:
+        raise ConfigError(f"{source}: field '{field}' other than 1.0 is not supported for {spec.hf_names[0]}")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < 1:
+        raise ConfigError(f"{source}: field '{field}' must be a number in (0, 1], got {factor!r}")
+    dim = int(head_dim * factor)
+    if dim <= 0 or dim % 2:
+        raise ConfigError(f"{source}: field '{field}' ({factor}) turns {dim} of head_dim {head_dim}; RoPE needs an even count")
+    return dim
 
 
 def _special_tokens(raw: dict, source: str) -> tuple[int | None, tuple[int, ...]]:

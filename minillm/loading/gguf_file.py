@@ -25,6 +25,7 @@ from ..architectures import GGUF_NAMES, spec_of_gguf
 from ..errors import ConfigError, GGUFError
 from ..memory import release_pages
 from .gguf_check import GGUFLayout, LazyArray, TensorEntry, check_gguf
+from .tensor_names import check_tensor_set, expected_shapes, rope_halves_order
 
 # Tensors that hold RoPE settings rather than weights: read into the config.
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
@@ -71,7 +72,6 @@ class GGUFModel:
 
     def __init__(self, path: str | Path):
         from .config import ModelConfig
-        from .tensor_names import check_tensor_set, expected_shapes
 
         self.path = Path(path)
         self.layout: GGUFLayout = check_gguf(self.path)
@@ -84,7 +84,7 @@ class GGUFModel:
         self._part_of = {t.name: i for i, (_, layout) in enumerate(self.parts) for t in layout.tensors}
         self.tensors = [t for _, layout in self.parts for t in layout.tensors]
         self._by_gguf_name = {t.name: t for t in self.tensors}
-        self.config = hf_config(self.meta, self.arch, self.spec, self._small_tensor)
+        self.config = hf_config(self.meta, self.arch, self.spec, self._small_tensor, self._by_gguf_name)
         self.config["tie_word_embeddings"] = "output.weight" not in self._by_gguf_name
         try:
             self.cfg = ModelConfig.from_dict(self.config, source=str(self.path))
@@ -163,12 +163,10 @@ class GGUFModel:
         return rows
 
     def _unpermute(self, hf_name: str, w: np.ndarray) -> np.ndarray:
-        """Undo convert_hf_to_gguf's permute() of Llama's Q and K rows (llama.cpp rotates pairs
-        of neighbours; HF the two halves of each head)."""
-        if not self.spec.gguf_permuted_qk or not hf_name.endswith(("q_proj.weight", "k_proj.weight")):
-            return w
-        heads = self.cfg.num_attention_heads if hf_name.endswith("q_proj.weight") else self.cfg.num_key_value_heads
-        return w[unpermute_rows(w.shape[0], heads)]
+        """Undo convert_hf_to_gguf's permute() of Q and K rows (and biases) where it permuted
+        them for llama.cpp's RoPE on neighbouring pairs (Llama's; HF rotates halves)."""
+        order = rope_halves_order(self.cfg, hf_name, w.shape[0], pairs=True, rotary=self.cfg.head_dim) if self.spec.gguf_permuted_qk else None
+        return w if order is None else w[order]
 
     # ---------------------------------------------------------------- tokenizer files
 
@@ -223,13 +221,6 @@ def split_parts(path: Path, layout: GGUFLayout) -> list[tuple[Path, GGUFLayout]]
     return parts
 
 
-def unpermute_rows(rows: int, heads: int) -> np.ndarray:
-    """The row order that undoes convert_hf_to_gguf's permute(): new row (h, j, i) is old (h, i, j)
-    for head h, half j and pair i."""
-    half = rows // heads // 2
-    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(-1)
-
-
 def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
     """{GGUF tensor name: HF name} for the HF tensors `expected`, by gguf-py's name tables."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
@@ -249,9 +240,10 @@ def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
     return names
 
 
-def hf_config(meta: Metadata, arch: str, spec, tensor) -> dict:
-    """config.json fields from GGUF metadata (and its RoPE tensors, read by `tensor(name)`) of
-    general.architecture `arch`, read as its spec (minillm.architectures) says."""
+def hf_config(meta: Metadata, arch: str, spec, tensor, names=()) -> dict:
+    """config.json fields from GGUF metadata (and its RoPE tensors, read by `tensor(name)`; the
+    biases it holds, from its tensor `names`) of general.architecture `arch`, read as its spec
+    (minillm.architectures) says."""
     p = arch + "."
     hidden = meta.require(p + "embedding_length", int)
     heads = meta.require(p + "attention.head_count", int)
@@ -279,6 +271,8 @@ def hf_config(meta: Metadata, arch: str, spec, tensor) -> dict:
         "pad_token_id": meta.typed("tokenizer.ggml.padding_token_id", int),
         "torch_dtype": "float32",
     }
+    for field, suffix in spec.gguf_bias_fields.items():
+        config[field] = any(name.startswith("blk.") and name.endswith("." + suffix) for name in names)
     if experts:
         config.update(spec.gguf_experts(meta, p, experts))
     rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)

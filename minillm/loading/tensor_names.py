@@ -6,20 +6,13 @@ tensors are renamed to these names).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import CheckpointError
 from .config import ModelConfig
 
 # Tensors some checkpoints carry that the forward pass recomputes or does not need.
 HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
-
-# The HF tensor name of each norm of a layer, by norm placement (None: no such norm).
-NORM_NAMES = {
-    "pre": dict(attn_norm="input_layernorm", attn_out_norm=None, mlp_norm="post_attention_layernorm", mlp_out_norm=None),
-    "post": dict(attn_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None, mlp_out_norm="post_feedforward_layernorm"),
-    "sandwich": dict(attn_norm="input_layernorm", attn_out_norm="post_attention_layernorm",
-                     mlp_norm="pre_feedforward_layernorm", mlp_out_norm="post_feedforward_layernorm"),
-}
-
 
 # A mixture of experts' tensors under a sparse layer's prefix: the router, then each expert's
 # gate, up and down matrices, per expert (as checkpoints on the Hub store them) or stacked in 3-D
@@ -65,21 +58,20 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
         shapes["lm_head.weight"] = (V, H)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        for name in NORM_NAMES[cfg.norm_placement].values():
+        for name in cfg.spec.norm_names.values():
             if name is not None:
                 shapes[p + name + ".weight"] = (H,)
         if cfg.qk_norm is not None:
             shapes[p + "self_attn.q_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.q_dim,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.kv_dim,)
-        if cfg.fused_projections:
+        if cfg.fused_qkv:
             attn = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, H), "o": (H, cfg.q_dim)}
-            mlp = {"gate_up": (2 * I, H), "down": (H, I)}
         else:
             attn = {"q": (cfg.q_dim, H), "k": (cfg.kv_dim, H), "v": (cfg.kv_dim, H), "o": (H, cfg.q_dim)}
-            mlp = {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        mlp = {"gate_up": (2 * I, H), "down": (H, I)} if cfg.fused_gate_up else {"gate": (I, H), "up": (I, H), "down": (H, I)}
         for name, shape in attn.items():
             shapes[p + f"self_attn.{name}_proj.weight"] = shape
-            if cfg.attention_bias or (cfg.qkv_bias and name != "o"):
+            if cfg.o_bias if name == "o" else cfg.qkv_bias:
                 shapes[p + f"self_attn.{name}_proj.bias"] = shape[:1]
         if cfg.attention_sinks:
             shapes[p + "self_attn.sinks"] = (cfg.num_attention_heads,)
@@ -141,3 +133,31 @@ def check_tensor_set(found: dict, expected: dict, cfg: ModelConfig, where, ignor
             raise error(f"{where(name)}: unexpected tensor {name!r} for {cfg.architecture}")
 
 
+
+
+def rope_halves_order(cfg: ModelConfig, name: str, rows: int, pairs: bool | None = None, rotary: int | None = None) -> np.ndarray | None:
+    """The row order that puts a q or k tensor (weight, bias or q/k norm) in the layout the RoPE
+    kernel turns: each head's rotated pairs at (j, j + head_dim / 2), the dimensions RoPE leaves
+    alone (partial_rotary_factor) after them in each half, where their frequency is 0. `pairs`:
+    the stored rows rotate neighbours (2i, 2i + 1) (default: cfg.interleaved_rope; HF's own
+    halves (i, i + rotary / 2) otherwise); `rotary`: the dimensions turned (default cfg.rope_dim).
+    None where nothing moves. Attention is unchanged: q and k are reordered alike."""
+    pairs = cfg.interleaved_rope if pairs is None else pairs
+    hd, r = cfg.head_dim, cfg.rope_dim if rotary is None else rotary
+    if not pairs and r == hd:
+        return None
+    if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):  # fused: q's rows, k's, then v's as they are
+        q, k = (rope_halves_order(cfg, f"{kind}_proj.weight", rows, pairs, rotary) for kind in ("q", "k"))
+        return np.concatenate([q, k + cfg.q_dim, np.arange(cfg.q_dim + cfg.kv_dim, rows)])
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        heads = cfg.num_attention_heads
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        heads = cfg.num_key_value_heads
+    elif name.endswith(("q_norm.weight", "k_norm.weight")):
+        heads = rows // hd
+    else:
+        return None
+    turned = (np.arange(0, r, 2), np.arange(1, r, 2)) if pairs else (np.arange(r // 2), np.arange(r // 2, r))
+    still = np.arange(r, hd)
+    head = np.concatenate([turned[0], still[: len(still) // 2], turned[1], still[len(still) // 2 :]])
+    return (np.arange(heads)[:, None] * hd + head[None, :]).reshape(-1)
