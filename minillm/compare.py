@@ -190,6 +190,8 @@ def compare(
     experts = np.zeros((cfg.num_hidden_layers, len(tokens), cfg.experts_per_token), np.int64) if per_layer and cfg.num_experts else None
     ours = model.forward(tokens, model.new_cache(), all_logits=True, hidden=hidden, experts=experts)
     theirs, theirs_hidden, routers = hf_hidden_states(oracle, tokens)
+    if cfg.spec.embed_scale_outside:  # the hook saw the embedding before transformers scaled it
+        theirs_hidden[0] *= np.float32(cfg.embed_scale)
     result = {"tokens": len(tokens), "dtype": model.dtype, **logit_metrics(ours, theirs)}
     if per_layer:
         result["layers"] = layer_metrics(hidden, theirs_hidden, threshold)

@@ -15,8 +15,9 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
              "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe",
              "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
-             "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4"}
-PERMUTED_QK = ("llama", "granite")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
+             "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
+             "GraniteMoeForCausalLM": "granitemoe"}
+PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
 
@@ -89,7 +90,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         if arch == "gemma2":
             w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
-    if arch == "granite":  # as its converter: the four multipliers
+    if arch in ("granite", "granitemoe"):  # as its converter: the four multipliers
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
@@ -108,7 +109,16 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     _add_vocab(w, vocab or make_vocab(cfg["vocab_size"], "spm" if arch in SPM else "bpe"))
 
     tensors = load_file(str(hf_dir / "model.safetensors"))
-    tensors = _split_gpt_oss_experts(tensors) if arch == "gpt-oss" else _stack_experts(tensors, experts or 0, fuse_gate_up_exps)
+    if arch == "granitemoe":  # its converter splits input_linear into gate and up
+        tensors = _granite_experts(tensors)
+    if arch == "gpt-oss":
+        tensors = _split_gpt_oss_experts(tensors)
+    elif arch != "granitemoe":  # (stacked already)
+        tensors = _stack_experts(tensors, experts or 0, fuse_gate_up_exps)
+    elif fuse_gate_up_exps:
+        for i in range(L):
+            gate, up = tensors.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), tensors.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
+            tensors[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
     for hf, t in tensors.items():
         t = t.astype(np.float32)
@@ -159,6 +169,24 @@ def _split_gpt_oss_experts(tensors: dict) -> dict:
             out[hf + ".weight"] = t.transpose(0, 2, 1)
         elif hf.endswith("experts.down_proj_bias"):
             out[hf.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[hf] = t
+    return {name: np.ascontiguousarray(t) for name, t in out.items()}
+
+
+def _granite_experts(tensors: dict) -> dict:
+    """Granite MoE's block_sparse_moe.input_linear (E, 2 I, H), output_linear and router.layer as
+    the stacked gate_proj, up_proj, down_proj and router gate gguf-py's tables name."""
+    out = {}
+    for hf, t in tensors.items():
+        i = hf.split(".")[2] if hf.startswith("model.layers.") else None
+        if hf.endswith("block_sparse_moe.input_linear.weight"):
+            half = t.shape[1] // 2
+            out[f"model.layers.{i}.mlp.experts.gate_proj.weight"], out[f"model.layers.{i}.mlp.experts.up_proj.weight"] = t[:, :half], t[:, half:]
+        elif hf.endswith("block_sparse_moe.output_linear.weight"):
+            out[f"model.layers.{i}.mlp.experts.down_proj.weight"] = t
+        elif hf.endswith("block_sparse_moe.router.layer.weight"):
+            out[f"model.layers.{i}.mlp.gate.weight"] = t
         else:
             out[hf] = t
     return {name: np.ascontiguousarray(t) for name, t in out.items()}

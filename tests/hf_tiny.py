@@ -47,6 +47,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "seed_oss": (tf.SeedOssConfig, tf.SeedOssForCausalLM),
         "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM),
         "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
+        "granitemoe": (tf.GraniteMoeConfig, tf.GraniteMoeForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

@@ -37,6 +37,9 @@ CASES = {
     # turns (a window of 7 over 40 tokens); YaRN
     "gpt_oss": dict(arch="gpt_oss", num_hidden_layers=3, num_local_experts=6, num_experts_per_tok=3, intermediate_size=32, head_dim=8,
                     sliding_window=7, swiglu_limit=0.1),
+    # Granite MoE: the top k logits' own softmax, experts stacked as input_linear/output_linear, Granite's multipliers
+    "granitemoe": dict(arch="granitemoe", num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0, attention_multiplier=0.2,
+                       residual_multiplier=0.5, logits_scaling=1.5),
 }
 
 
@@ -65,7 +68,7 @@ def test_the_router_really_chooses(checkpoint):
     """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
     name, path, oracle = checkpoint
     cfg = ModelConfig.from_file(path / "config.json")
-    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss")))
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe")))
     chosen = set()
     with torch.no_grad():
         out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)
@@ -256,6 +259,7 @@ GGUF_CASES = {
     "olmoe": dict(arch="olmoe", num_experts=8, num_experts_per_tok=4, **dict(GGUF_SHAPE, intermediate_size=32)),
     # the limit is llama.cpp's own (the file has no key for it): transformers' default
     "gpt_oss": dict(arch="gpt_oss", num_local_experts=6, num_experts_per_tok=2, head_dim=16, sliding_window=7, **dict(GGUF_SHAPE, intermediate_size=32)),
+    "granitemoe": dict(CASES["granitemoe"], **dict(GGUF_SHAPE, intermediate_size=32)),
 }
 
 
@@ -285,7 +289,7 @@ def test_gguf_runs_directly_and_imported_as_transformers(gguf_case):
     written = json.loads((root / "imported" / "model.safetensors").read_bytes()[8:][
         : int.from_bytes((root / "imported" / "model.safetensors").read_bytes()[:8], "little")])
     # as checkpoints on the Hub hold them: one matrix per expert, or gpt-oss's own stacked tensors
-    assert any((".experts.gate_up_proj" if name == "gpt_oss" else ".experts.0.") in n for n in written)
+    assert any({"gpt_oss": ".experts.gate_up_proj", "granitemoe": ".input_linear."}.get(name, ".experts.0.") in n for n in written)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "MXFP4", "fused Q4_0"])

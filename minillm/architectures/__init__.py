@@ -11,7 +11,7 @@ from .exaone4 import Exaone4
 from .gemma import Gemma2, Gemma3
 from .glm import Glm4
 from .gpt_oss import GptOss
-from .granite import Granite
+from .granite import Granite, GraniteMoe
 from .llama import Llama, Mistral
 from .mixtral import Mixtral
 from .olmo import Olmo2, Olmo3, Olmoe
@@ -24,7 +24,7 @@ from .smollm3 import SmolLM3
 SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
-    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(),
+    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)

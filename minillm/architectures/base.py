@@ -87,6 +87,7 @@ class Architecture:
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
     rope_theta = 10000.0  # when config.json names none
     mixture_of_experts = False
+    embed_scale_outside = False  # transformers scales the embedding after its embed_tokens module (what compare hooks)
 
     @property
     def norm_names(self) -> dict:
@@ -148,6 +149,9 @@ class Architecture:
     router_tensor = "gate.weight"  # under the layer's MoE prefix
     expert_tensors = ("gate_proj", "up_proj", "down_proj")  # per expert: gate, up, down
     per_expert_block = "mlp."  # the MoE prefix of per-expert checkpoints (stacked ones: "mlp.")
+    # (pattern, replacement) for tensor names a family's checkpoints spell otherwise, applied when a
+    # directory is opened (as transformers' conversion mapping renames them)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
 
     def experts(self, fields: Fields, layers: int, count: int) -> dict:
         """ModelConfig fields of the router and the layers' sparseness, beyond the counts."""

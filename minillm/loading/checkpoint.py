@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -244,7 +245,7 @@ def _checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
     """An HF directory's config, the shard holding each tensor, and the tensors' expected shapes,
     checked against each other (a mixture of experts' layout found from the names)."""
     cfg = ModelConfig.from_file(source / "config.json")
-    owner = open_shards(source)
+    owner = renamed(open_shards(source), cfg.spec.checkpoint_renames)
     if not cfg.tie_word_embeddings and "lm_head.weight" not in owner:
         # A checkpoint that omits lm_head.weight ties it to the embeddings, whatever the flag says.
         cfg = replace(cfg, tie_word_embeddings=True)
@@ -260,6 +261,22 @@ def _checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
         ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
     )
     return cfg, owner, shapes
+
+
+def renamed(owner: dict[str, SafetensorsFile], renames) -> dict[str, SafetensorsFile]:
+    """`owner` with tensor names respelled by the spec's checkpoint_renames ((pattern, replacement)),
+    each file answering to the new name."""
+    if not renames:
+        return owner
+    out = {}
+    for name, f in owner.items():
+        new = name
+        for pattern, replacement in renames:
+            new = re.sub(pattern, replacement, new)
+        if new != name:
+            f.tensors[new] = f.tensors.pop(name)
+        out[new] = f
+    return out
 
 
 def in_rope_order(cfg: ModelConfig, name: str, w: np.ndarray) -> np.ndarray:
