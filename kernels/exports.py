@@ -36,7 +36,7 @@ from .integer_products import group_rows
 from .logit_mask import mask_logits
 from .matmul import add_bias, dequantize, matmul
 from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
-from .rmsnorm import rmsnorm, rmsnorm_row
+from .rmsnorm import layernorm_row, rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
 from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, gated, softcap_row, swiglu
 from .top_k import top_k
@@ -46,6 +46,6 @@ __all__ = [
     "forward_state_type", "forward_params", "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "KV_DTYPE_CHOICES", "KV_FORMATS", "KVFormat", "LOAD_DTYPES", "Operand",
     "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "BLOCK_FORMATS", "Q4_0", "Q8_0",
     "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
-    "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row",
+    "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row", "layernorm_row",
     "rope", "rope_row", "rope_tables", "gated", "SILU", "GELU_TANH", "CLAMPED_SWIGLU", "softcap_row", "swiglu", "top_k", "QBLOCK",
 ]

@@ -48,7 +48,7 @@ from .formats import Operand
 from .jit import EXACT_MATH, array_at, call_at, kernel, native_address, rows_view
 from .kv_rows import kv_store
 from .matmul import ROWS_PER_TASK, call_linear, call_row
-from .rmsnorm import rmsnorm_row
+from .rmsnorm import layernorm_row, rmsnorm_row
 from .rope import rope_row
 from .swiglu import GELU_TANH, clamped_gated_row, gated_row, softcap_row
 from .work_sharing import claim, start_claims
@@ -139,6 +139,8 @@ class ModelWeights(NamedTuple):
     swiglu_limit: float  # and clamp
     residual_scale: float  # each sub-block's output is multiplied by it before the residual add (Granite; else 1)
     logit_scale: float  # logits are divided by it (Granite; else 1)
+    centered_norm: bool  # the layers' and the final norm subtract the mean first: LayerNorm without a bias (Cohere 2)
+    parallel: bool  # the MLP reads the attention's normalised input, not h (Cohere 2: x + attn(norm(x)) + mlp(norm(x)))
 
 
 class Workspace(NamedTuple):
@@ -178,7 +180,7 @@ ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
-     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4], ModelWeights)
+     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
@@ -243,8 +245,9 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         _run(ATTENTION, ALWAYS, w, ws, state)
         _linear_step(FROM_ATT, ONE, m + O, m + O, m + O, TO_PROJ, w, ws, state)
         _row_step(RESIDUAL, ATTENTION_PART, wide, w, ws, state)
-        # x = h + out_norm(mlp(norm(h)))
-        _row_step(NORM, MLP_PART, wide, w, ws, state)
+        # x = h + out_norm(mlp(norm(h))); in a parallel block xn still holds norm(x) for the MLP
+        if not w.parallel:
+            _row_step(NORM, MLP_PART, wide, w, ws, state)
         if w.router[l] < 0:
             _mlp(FROM_XN, m + GATE, T, w, ws, state)
         else:
@@ -255,11 +258,11 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
             _copy_rows(rows.hidden[l + 1], x)
     if capture:
         for t in range(T):
-            rmsnorm_row(rows.hidden[L + 1, t], x[t], w.final_norm, w.eps)
+            _norm_row(rows.hidden[L + 1, t], x[t], w.final_norm, w.eps, w.centered_norm)
     # logits = cap(lm_head(final_norm(x[logit_rows]))): the logit rows' norms into xn's first rows
     G = rows.logit_rows.shape[0]
     for g in range(G):
-        rmsnorm_row(ws.xn[g], x[rows.logit_rows[g]], w.final_norm, w.eps)
+        _norm_row(ws.xn[g], x[rows.logit_rows[g]], w.final_norm, w.eps, w.centered_norm)
     ws.params[P_ROWS] = G
     _linear_step(FROM_XN, ONE, embed + 1, embed + 1, embed + 1, TO_LOGITS, w, ws, state)
     if w.logit_scale != 1:
@@ -608,7 +611,7 @@ def norm_step(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = _state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     norm = w.attn_norm if ws.params[P_WHICH] == ATTENTION_PART else w.mlp_norm
-    _norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps)
+    _norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps, w.centered_norm)
 
 
 def qkv_step(t, threads, state):
@@ -852,13 +855,22 @@ def _run_end(positions, slots, T, r):
     return e
 
 
+@njit(inline="always", _nrt=False)
+def _norm_row(out, x, w, eps, centered):
+    """RMSNorm, or LayerNorm without a bias where the model's norms are centered."""
+    if centered:
+        layernorm_row(out, x, w, eps)
+    else:
+        rmsnorm_row(out, x, w, eps)
+
+
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _norm_span(r0, r1, out, x, norm, l, eps):
-    """out[t] = rmsnorm(x[t]) with layer l's weights, or a copy of x[t] where the layer has no norm
-    at that place (norm is (L, 0))."""
+def _norm_span(r0, r1, out, x, norm, l, eps, centered):
+    """out[t] = rmsnorm(x[t]) (layernorm when centered) with layer l's weights, or a copy of x[t]
+    where the layer has no norm at that place (norm is (L, 0))."""
     for t in range(r0, r1):
         if norm.shape[1] > 0:
-            rmsnorm_row(out[t], x[t], norm[l], eps)
+            _norm_row(out[t], x[t], norm[l], eps, centered)
         else:
             for n in range(x.shape[1]):
                 out[t, n] = x[t, n]

@@ -16,7 +16,7 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe",
              "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
              "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
-             "GraniteMoeForCausalLM": "granitemoe"}
+             "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2"}
 PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
@@ -52,7 +52,13 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "cohere2":  # a LayerNorm: its epsilon and logit scale, the window and each layer's kind
+        w.add_layer_norm_eps(cfg["layer_norm_eps"])
+        w.add_logit_scale(cfg["logit_scale"])
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    else:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(full.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if "sliding_attention" in rope:
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])

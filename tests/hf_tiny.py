@@ -23,7 +23,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
     )
-    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe", "seed_oss", "ernie4_5", "exaone4", "glm4"):  # their defaults name ids of a real vocabulary
+    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe", "seed_oss", "ernie4_5", "exaone4", "glm4", "cohere2"):  # their defaults name ids of a real vocabulary
         base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(overrides)
     config_cls, model_cls = {
@@ -48,6 +48,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM),
         "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
         "granitemoe": (tf.GraniteMoeConfig, tf.GraniteMoeForCausalLM),
+        "cohere2": (tf.Cohere2Config, tf.Cohere2ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

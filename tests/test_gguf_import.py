@@ -41,6 +41,8 @@ CASES = {
     "ernie4_5": dict(arch="ernie4_5", head_dim=8, use_bias=True, tie_word_embeddings=False),  # pairs rotated, as stored
     "glm4": dict(arch="glm4", head_dim=16, tie_word_embeddings=False),  # and RoPE on half of each head
     "phi3-partial": dict(arch="phi3", partial_rotary_factor=0.5),
+    "cohere2": dict(arch="cohere2", num_hidden_layers=4, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
+                    logit_scale=0.25),
 }
 
 

@@ -33,6 +33,12 @@ def ref_rmsnorm(x, w, eps):
     return (x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
 
 
+def ref_layernorm(x, w, eps):
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(-1, keepdims=True)
+    return (centered / np.sqrt((centered**2).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+
+
 def ref_rope(x, cos, sin, positions, hd):
     T, width = x.shape
     xh = x.reshape(T, width // hd, hd).astype(np.float64)
@@ -75,6 +81,14 @@ def test_rmsnorm(T, H):
     out = np.empty_like(x)
     K.rmsnorm(out, x, w, 1e-5)
     np.testing.assert_allclose(out, ref_rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("H", [1, 37, 129, 576])
+def test_layernorm_row(H):
+    x, w = rand(H) + np.float32(3.0), rand(H)  # an offset the mean must take out
+    out = np.empty_like(x)
+    K.layernorm_row(out, x, w, 1e-5)
+    np.testing.assert_allclose(out, ref_layernorm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("N,Kdim", [(1, 1), (7, 13), (29, 53), (131, 67)])

@@ -6,6 +6,7 @@ Adding a family: a module here with its spec, a line below, a tiny-checkpoint te
 from __future__ import annotations
 
 from .base import Architecture, Fields, LAYER_TYPES
+from .cohere import Cohere2
 from .ernie import Ernie45
 from .exaone4 import Exaone4
 from .gemma import Gemma2, Gemma3
@@ -24,7 +25,7 @@ from .smollm3 import SmolLM3
 SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
-    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(),
+    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(), Cohere2(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)

@@ -87,6 +87,9 @@ class Architecture:
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
     rope_theta = 10000.0  # when config.json names none
     mixture_of_experts = False
+    layer_norm = False  # norms subtract the mean first (LayerNorm without a bias), else RMSNorm
+    eps_field = "rms_norm_eps"
+    parallel_block = False  # attention and MLP both read norm(x), and both add to x
     embed_scale_outside = False  # transformers scales the embedding after its embed_tokens module (what compare hooks)
 
     @property
@@ -162,6 +165,7 @@ class Architecture:
     gguf_permuted_qk = False  # convert_hf_to_gguf permuted Q and K rows for llama.cpp's pairwise RoPE
     gguf_norm_topk: bool | None = None  # llama.cpp's renormalisation of the top k when the file is silent
     gguf_bias_fields: dict[str, str] = {}  # config field -> the tensor whose presence sets it (llama.cpp writes no key)
+    gguf_eps_key = "attention.layer_norm_rms_epsilon"
     gguf_tokenizer = "llama"  # SentencePiece spelling: "llama" (Metaspace), "phi3" or "gemma"
     stacked_experts_on_hub = False  # an import keeps the experts stacked (as the family's checkpoints are)
 

@@ -448,6 +448,8 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         swiglu_limit=f(cfg.swiglu_limit),
         residual_scale=f(cfg.residual_multiplier),
         logit_scale=f(cfg.logits_scaling),
+        centered_norm=cfg.layer_norm,
+        parallel=cfg.parallel_block,
     )
 
 

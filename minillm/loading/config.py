@@ -89,6 +89,8 @@ class ModelConfig:
     attention_multiplier: float | None = None  # Granite: what scores are multiplied by, in place of head_dim^-1/2
     residual_multiplier: float = 1.0  # Granite: each sub-block's output times this before the residual add
     logits_scaling: float = 1.0  # Granite: logits divided by it
+    layer_norm: bool = False  # norms subtract the mean (LayerNorm without a bias, Cohere 2), else RMSNorm
+    parallel_block: bool = False  # x + attn(norm(x)) + mlp(norm(x)): one norm, both sub-blocks on it (Cohere 2)
     interleaved_rope: bool = False  # q and k rotate neighbouring pairs (Ernie 4.5); the loader permutes their rows to halves
 
     @property
@@ -207,9 +209,9 @@ class ModelConfig:
             raise ConfigError(f"{source}: field 'head_dim' ({head_dim}) must be even for RoPE")
         rotary_dim = _rotary_dim(raw, source, head_dim, spec)
 
-        eps = fields.number("rms_norm_eps", default=1e-6)
+        eps = fields.number(spec.eps_field, default=1e-6 if spec.eps_field == "rms_norm_eps" else 1e-5)
         if not eps > 0:
-            raise ConfigError(f"{source}: field 'rms_norm_eps' must be > 0, got {eps}")
+            raise ConfigError(f"{source}: field '{spec.eps_field}' must be > 0, got {eps}")
 
         rope_theta, scaling = _rope(raw, source, spec, "full_attention", default_theta=spec.rope_theta)
         local_rope = spec.local_rope(fields, lambda layer_type, theta: _rope(raw, source, spec, layer_type, default_theta=theta))
@@ -248,6 +250,8 @@ class ModelConfig:
             fused_gate_up=spec.fused_gate_up,
             rotary_dim=rotary_dim,
             interleaved_rope=spec.interleaved_rope,
+            layer_norm=spec.layer_norm,
+            parallel_block=spec.parallel_block,
             **spec.variant(fields, hidden),
             **_experts(fields, spec, layers),
         )

@@ -265,7 +265,7 @@ def hf_config(meta: Metadata, arch: str, spec, tensor, names=()) -> dict:
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": meta.require(p + "context_length", int),
-        "rms_norm_eps": float(meta.require(p + "attention.layer_norm_rms_epsilon", float)),
+        spec.eps_field: float(meta.require(p + spec.gguf_eps_key, float)),
         "bos_token_id": meta.typed("tokenizer.ggml.bos_token_id", int),
         "eos_token_id": _end_tokens(meta),
         "pad_token_id": meta.typed("tokenizer.ggml.padding_token_id", int),
