@@ -202,6 +202,15 @@ def sliding_every(pattern: int, layers: int) -> list[str]:
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
 
 
+def rope_on_sliding_layers(spec: Architecture, fields: Fields, layers: int) -> tuple[bool, ...]:
+    """RoPE on the sliding layers only, when the model has a window (Cohere 2, EXAONE 4); () for
+    every layer."""
+    if spec.window(fields) is None:
+        return ()
+    types = fields.raw.get("layer_types") or spec.layer_types(fields, layers, ())
+    return tuple(t == "sliding_attention" for t in types) if len(types) == layers else ()
+
+
 def gguf_layer_types(meta, p: str, layers: int, default: int) -> list[str]:
     """Layer kinds from attention.sliding_window_pattern: every n-th layer full (n `default` when
     the file is silent), or a list with true where a layer slides."""

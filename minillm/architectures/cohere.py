@@ -2,7 +2,7 @@
 the MLP both read, their outputs both added to x; RoPE on neighbouring pairs, on sliding layers
 only (three to each full one); logits times logit_scale."""
 
-from .base import Architecture, Fields, gguf_layer_types
+from .base import Architecture, Fields, gguf_layer_types, rope_on_sliding_layers
 
 
 class Cohere2(Architecture):
@@ -29,10 +29,7 @@ class Cohere2(Architecture):
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
 
     def rope_layers(self, fields: Fields, layers: int) -> tuple[bool, ...]:
-        if self.window(fields) is None:
-            return ()
-        types = fields.raw.get("layer_types") or self.layer_types(fields, layers, ())
-        return tuple(t == "sliding_attention" for t in types) if len(types) == layers else ()
+        return rope_on_sliding_layers(self, fields, layers)
 
     def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
         config["logit_scale"] = float(meta.typed(p + "logit_scale", float, 0.0625))

@@ -3,7 +3,7 @@ layers with a full one every sliding_window_pattern-th (or as "L"/"G" letters); 
 the full layers take no RoPE."""
 
 from ..errors import ConfigError
-from .base import Architecture, Fields, gguf_layer_types
+from .base import Architecture, Fields, gguf_layer_types, rope_on_sliding_layers
 
 
 class Exaone4(Architecture):
@@ -24,10 +24,7 @@ class Exaone4(Architecture):
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
 
     def rope_layers(self, fields: Fields, layers: int) -> tuple[bool, ...]:
-        if self.window(fields) is None:
-            return ()
-        types = fields.raw.get("layer_types") or self.layer_types(fields, layers, ())
-        return tuple(t == "sliding_attention" for t in types) if len(types) == layers else ()
+        return rope_on_sliding_layers(self, fields, layers)
 
     def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
         window = config["sliding_window"] = meta.typed(p + "attention.sliding_window", int)
