@@ -4,12 +4,16 @@ of 32 against int8 weights (quantize_blocks), used as they are against float32 (
 picks, at compile time, by the weights' dtype).
 """
 
+from functools import lru_cache
+
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import cfunc, prange, types
 from numba.extending import intrinsic, overload
 
-from .jit import EXACT_MATH, kernel
+from .formats import PREPARE_SIGNATURE, Operand
+from .integer_products import quantize_split
+from .jit import EXACT_MATH, address_call, kernel
 from .quantize import bf16_bits
 from .vector_ir import (
     BF16_CHUNK,
@@ -125,14 +129,15 @@ def _chunk_operand(w, x, xo):
 # ---------------------------------------------------------------- each operand's compiled kernel
 
 
+@lru_cache(maxsize=None)
+def prepare_for(operand: Operand):
+    """The compiled kernel preparing activations as `operand` (None for FLOAT32: nothing to do)."""
+    return None if operand == Operand.FLOAT32 else make_prepare(operand)
+
+
 def make_prepare(operand):
     """The compiled kernel (kernels.formats.PREPARE_SIGNATURE) preparing rows r0..r1-1 of x as
     `operand` into xo (16-bit) and xs (block scales)."""
-    from numba import cfunc
-
-    from .formats import PREPARE_SIGNATURE, Operand
-    from .integer_products import quantize_split
-
     if operand == Operand.BFLOAT16:
 
         def prepare(xo, xs, x, r0, r1):
@@ -158,11 +163,4 @@ def make_prepare(operand):
     return cfunc(PREPARE_SIGNATURE, cache=True, fastmath=EXACT_MATH, _nrt=False)(prepare)
 
 
-def _call_prepare():
-    from .formats import PREPARE_SIGNATURE
-    from .jit import address_call
-
-    return address_call(PREPARE_SIGNATURE, "call_prepare")
-
-
-call_prepare = _call_prepare()
+call_prepare = address_call(PREPARE_SIGNATURE, "call_prepare")

@@ -21,10 +21,9 @@ from . import target
 target.use_named_cpu_features()  # before anything compiles: NUMBA_CPU_NAME alone means that CPU's features
 
 from . import jit  # noqa: F401 - every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
-from .activation_operands import quantize_activations
+from .activation_operands import prepare_for, quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
-from .formats import (BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat,
-                      kernels_for, prepare_for)
+from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat
 from .forward import PARAMS as forward_params
 from .forward import STATE_TYPE as forward_state_type
 from .forward import ModelWeights, Rows, Workspace
@@ -34,7 +33,7 @@ from .integer_products import GROUP as ROW_GROUP
 from .integer_products import PER_BLOCK as SPLIT_PER_BLOCK
 from .integer_products import group_rows
 from .logit_mask import mask_logits
-from .matmul import add_bias, dequantize, matmul
+from .matmul import add_bias, dequantize, kernels_for, matmul
 from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
 from .rmsnorm import layernorm_row, rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables

@@ -2,7 +2,7 @@
 
 Every weight matrix carries one of these after load (minillm.loading.checkpoint.Linear.format),
 and nothing downstream asks its dtype or layout again: the loaders convert and regroup by the
-table, the forward pass calls each matrix's own compiled kernels (`kernels_for`), the CLI's
+table, the forward pass calls each matrix's own compiled kernels (`matmul.kernels_for`), the CLI's
 `--dtype` choices and the docs' table are read from it. Adding a format is adding a row here and
 its products in kernels.matmul.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from functools import lru_cache
 
 import numpy as np
 from numba import types
@@ -157,29 +156,6 @@ F32_1D = types.Array(types.float32, 1, "C")
 LINEAR_SIGNATURE = types.void(F32_2D, types.int64, U8_2D, U16_2D, F32_2D, U16_2D, F32_2D, F32_1D, I64_2D, types.int64)
 ROW_SIGNATURE = types.void(F32_1D, U8_2D, U16_2D, types.int64)
 PREPARE_SIGNATURE = types.void(U16_2D, F32_2D, F32_2D, types.int64, types.int64)
-
-
-@dataclass(frozen=True)
-class FormatKernels:
-    linear: object  # numba CFunc; .address is what the forward pass calls
-    row: object
-
-
-@lru_cache(maxsize=None)
-def kernels_for(fmt: WeightFormat) -> FormatKernels:
-    """The compiled linear and row kernels of one format (compiled the first time on a machine,
-    then loaded from Numba's cache)."""
-    from .matmul import make_linear, make_row
-
-    return FormatKernels(make_linear(fmt), make_row(fmt))
-
-
-@lru_cache(maxsize=None)
-def prepare_for(operand: Operand):
-    """The compiled kernel preparing activations as `operand` (None for FLOAT32: nothing to do)."""
-    from .activation_operands import make_prepare
-
-    return None if operand == Operand.FLOAT32 else make_prepare(operand)
 
 
 def markdown_table() -> str:

@@ -16,12 +16,15 @@ made it, so decode, batched decode and prefill agree bit for bit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
 from numba import cfunc, njit, prange, types
 from numba.extending import overload
 
-from .activation_operands import activation, call_prepare, chunk_operand
-from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat, kernels_for, prepare_for
+from .activation_operands import activation, call_prepare, chunk_operand, prepare_for
+from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat
 from .gguf_blocks import block_rows, dequantize_block_row
 from .integer_products import grouped_row_get, grouped_rows
 from .jit import EXACT_MATH, address_call, kernel
@@ -391,6 +394,19 @@ def make_row(fmt: WeightFormat):
 
     row.__qualname__ = row.__name__ = f"row_{fmt.name}"
     return cfunc(ROW_SIGNATURE, cache=True, fastmath=EXACT_MATH)(row)
+
+
+@dataclass(frozen=True)
+class FormatKernels:
+    linear: object  # numba CFunc; .address is what the forward pass calls
+    row: object
+
+
+@lru_cache(maxsize=None)
+def kernels_for(fmt: WeightFormat) -> FormatKernels:
+    """The compiled linear and row kernels of one format (compiled the first time on a machine,
+    then loaded from Numba's cache): the format's row of the table, made runnable."""
+    return FormatKernels(make_linear(fmt), make_row(fmt))
 
 
 # ---------------------------------------------------------------- running them
