@@ -4,9 +4,10 @@ Every kernel is a pure function over preallocated arrays, output first, and has 
 reference in tests/test_kernels.py. Shapes: T rows (tokens), H hidden, K/N matmul in/out,
 nh/nkv query/KV heads, hd head dim, ctx cache length.
 
-    formats     the table of weight formats, and each format's compiled kernels
+    formats     the table of weight formats
     forward     the layer sequence over a batch of rows: prefill, decode, batched decode
-    matmul      linear layers for every format, tiles chosen by row count
+    forward_types, steps, step_calls, experts  what it reads, its steps, running them, a MoE layer
+    matmul      linear layers for every format, tiles chosen by row count; each format's kernels
     attention   causal GQA attention over the KV cache
     rmsnorm, rope, swiglu                      the other operations of a layer
     row_products, gguf_blocks, integer_products the dot products of each family of formats

@@ -24,9 +24,9 @@ from . import jit  # noqa: F401 - every kernel's on-disk cache is stamped with t
 from .activation_operands import prepare_for, quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat
-from .forward import PARAMS as forward_params
-from .forward import STATE_TYPE as forward_state_type
-from .forward import ModelWeights, Rows, Workspace
+from .forward_types import PARAMS as forward_params
+from .forward_types import STATE_TYPE as forward_state_type
+from .forward_types import ModelWeights, Rows, Workspace
 from .gguf_blocks import FORMATS as BLOCK_FORMATS
 from .gguf_blocks import Q4_0, Q8_0
 from .integer_products import GROUP as ROW_GROUP

@@ -1,5 +1,5 @@
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .float_sums import dot, total
 from .jit import EXACT_MATH, kernel
@@ -33,3 +33,11 @@ def layernorm_row(out, x, w, eps):
     for i in range(H):
         out[i] = (out[i] * inv) * w[i]
 
+
+@njit(inline="always", _nrt=False)
+def norm_row(out, x, w, eps, centered):
+    """RMSNorm, or LayerNorm without a bias where the model's norms are centered."""
+    if centered:
+        layernorm_row(out, x, w, eps)
+    else:
+        rmsnorm_row(out, x, w, eps)

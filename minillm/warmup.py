@@ -48,7 +48,7 @@ def warm(formats, kv_dtype: str = "float32", experts: bool = False, gpt_oss: boo
     experts' steps when `experts`, and gpt-oss's attention sinks and clamped SwiGLU when
     `gpt_oss`), sampling's kernels and the kernels of `formats`; returns the seconds it took."""
     from . import kernels as K
-    from .kernels import forward as F
+    from .kernels import steps as F
     from .kernels.jit import CompileNotice
 
     start = time.perf_counter()

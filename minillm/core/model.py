@@ -22,7 +22,9 @@ import numpy as np
 
 from .. import kernels as K
 from ..errors import ConfigError, GenerationError, UsageError
-from ..kernels.forward import MATRIX_KINDS, STEPS, forward, step_kernels
+from ..kernels.forward import forward
+from ..kernels.forward_types import MATRIX_KINDS
+from ..kernels.steps import STEPS, step_kernels
 from ..kernels.jit import CompileNotice, DirectCall, array_key
 from ..loading.checkpoint import Linear, Weights, load_checkpoint
 from ..loading.config import ModelConfig, RopeScaling

@@ -1,0 +1,440 @@
+"""The steps of the forward pass: each does thread t's share of one operation, step(t, threads,
+state), compiled once as its own kernel and called by address (step_kernels); the row spans they
+run; attention's tasks.
+"""
+
+import numpy as np
+from numba import njit, prange, types
+
+from .activation_operands import call_prepare
+from .attention import QUERIES_PER_TASK, attend, attend_queries, first_key
+from .experts import moe_layer
+from .forward_types import (
+    ATTENTION_PART, FROM_ATT, FROM_GATE, FROM_XE, JOB_GATE, JOB_XE, P_COUNT, P_LAYER, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH,
+    P_WIDTH, PARALLEL_REGION, TO_GATE_UP, TO_LOGITS, TO_QKV, TO_ROUTER, mlp_rows, state_at,
+)
+from .jit import EXACT_MATH, array_at, call_at, native_address, rows_view
+from .kv_rows import kv_store
+from .matmul import call_linear
+from .rmsnorm import norm_row, rmsnorm_row
+from .rope import rope_row
+from .swiglu import GELU_TANH, clamped_gated_row, gated_row
+from .work_sharing import claim
+
+@njit(inline="always", _nrt=False)
+def _source_rows(ws, source, T):
+    """The T rows a linear step reads."""
+    if source == FROM_ATT:
+        return ws.att[:T]
+    if source == FROM_GATE:
+        return mlp_rows(ws.gate, T, ws.params[P_WIDTH])
+    if source == FROM_XE:
+        return ws.xe[:T]
+    return ws.xn[:T]
+
+
+# ---------------------------------------------------------------- the steps
+#
+# Each step's kernel does thread t's share of it: step(t, threads, state), state the address of
+# (rows, w, ws, k_pool, v_pool, cos, sin) (state_at), its own arguments in ws.params.
+
+
+def prepare_step(t, threads, state):
+    """Thread t's share of the rows of a linear step's input, prepared as the Operand in
+    ws.params[P_COUNT] by that Operand's kernel."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    T, op, source = ws.params[P_ROWS], ws.params[P_COUNT], ws.params[P_WHICH]
+    x = _source_rows(ws, source, T)
+    K = x.shape[1]
+    xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
+    call_prepare(w.prepare[op], xo, xs, x, np.int64(T * t // threads), np.int64(T * (t + 1) // threads))
+
+
+def linear_step(t, threads, state):
+    """Thread t's tasks of up to three matrices read from one input (ws.params), each by its
+    format's linear kernel (kernels.matmul), its tasks shared from claims[2j:2j + 2]."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    p = ws.params
+    T, n, target, source = p[P_ROWS], p[P_COUNT], p[P_OUTPUT], p[P_WHICH]
+    x = _source_rows(ws, source, T)
+    K = x.shape[1]
+    q_dim = ws.att.shape[1]
+    kv_dim = (ws.qkv.shape[1] - q_dim) // 2
+    for j in range(n):
+        m = p[P_MATRIX + j]
+        op = w.operand[m]  # x as this matrix reads it, prepared by prepare_step
+        xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
+        if target == TO_QKV:
+            out, col = ws.qkv[:T], (0, q_dim, q_dim + kv_dim)[j]
+        elif target == TO_GATE_UP:
+            out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH]), 0
+        elif target == TO_LOGITS:
+            out, col = rows.logits, 0
+        elif target == TO_ROUTER:
+            out, col = ws.route[:T], 0
+        else:
+            out, col = ws.proj[:T], 0
+        call_linear(w.linear[m], out, np.int64(col), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t], ws.claims[2 * j : 2 * j + 2],
+                    np.int64(t))
+
+
+def expert_linear_step(t, threads, state):
+    """Thread t's tasks of the expert jobs (ws.jobs, ws.params[P_COUNT] of them): each matrix
+    over its own rows of the input (xe, or the gate rows) into its rows of gate, up or xe, by
+    its format's linear kernel, its tasks shared from claims[2j:2j + 2]. A thread done with one
+    matrix's tasks goes on to the next: no barrier between experts."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    p = ws.params
+    n, source, width = p[P_COUNT], p[P_WHICH], p[P_WIDTH]
+    K = ws.xe.shape[1] if source == FROM_XE else width
+    S = 3 * (K // 32) + 1
+    for j in range(n):
+        m, r0, nr, target = ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3]
+        op = w.operand[m]
+        x = ws.xe[r0 : r0 + nr] if source == FROM_XE else rows_view(ws.gate[0][r0 * width :], nr, width)
+        xo, xs = rows_view(ws.operands[op][r0 * K :], nr, K), rows_view(ws.operand_scales[op][r0 * S :], nr, S)
+        if target == JOB_XE:
+            out = ws.xe[r0 : r0 + nr]
+        else:
+            out = rows_view((ws.gate if target == JOB_GATE else ws.up)[0][r0 * width :], nr, width)
+        call_linear(w.linear[m], out, np.int64(0), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t],
+                    ws.claims[2 * j : 2 * j + 2], np.int64(t))
+
+
+def experts_step(t, threads, state):
+    """Layer ws.params[P_LAYER]'s mixture of experts over the step's rows (moe_layer), run on
+    this thread: its matrices run in parallel regions of their own. A step of its own, so a
+    dense model's forward pass never compiles it."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    moe_layer(l, T, w, ws, state)
+    if rows.experts.shape[0] > 0:
+        for t in range(T):
+            for j in range(ws.chosen.shape[1]):
+                rows.experts[l, t, j] = ws.chosen[t, j]
+
+
+def norm_step(t, threads, state):
+    """Thread t's rows of xn = norm(x), the attention's or the MLP's norm (ws.params[P_WHICH])."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    norm = w.attn_norm if ws.params[P_WHICH] == ATTENTION_PART else w.mlp_norm
+    _norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps, w.centered_norm)
+
+
+def qkv_step(t, threads, state):
+    """Thread t's rows of q | k | v finished (_qkv_span) and their keys and values cached, float32 KV."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), cos, sin)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin):
+    """qkv_step with the pools as their KV format's rows."""
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    _qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
+              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], ws.att.shape[1] // w.heads)
+
+
+def residual_step(t, threads, state):
+    """Thread t's rows of x += out_norm(proj + bias), after attention or the MLP (ws.params[P_WHICH])."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    if ws.params[P_WHICH] == ATTENTION_PART:
+        bias, norm = w.o_bias, w.attn_out_norm
+    else:
+        bias, norm = w.down_bias, w.mlp_out_norm
+    _residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps, w.residual_scale)
+
+
+def gate_step(t, threads, state):
+    """Thread t's rows of gate = act(gate + bias) * (up + bias), act SiLU or GELU-tanh."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    gate, up = mlp_rows(ws.gate, T, ws.params[P_WIDTH]), mlp_rows(ws.up, T, ws.params[P_WIDTH])
+    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation == GELU_TANH)
+
+
+def gate_step_clamped(t, threads, state):
+    """gate_step with gpt-oss's clamped SwiGLU (its experts carry their biases themselves)."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    T, width = ws.params[P_ROWS], ws.params[P_WIDTH]
+    gate, up = mlp_rows(ws.gate, T, width), mlp_rows(ws.up, T, width)
+    for r in range(T * t // threads, T * (t + 1) // threads):
+        clamped_gated_row(gate[r], up[r], w.swiglu_alpha, w.swiglu_limit)
+
+
+def attention_step(t, threads, state):
+    """att = causal softmax attention of each row's queries over its slot's cache, layer l: thread
+    t's share of the tasks of attention_tasks. Query head h reads KV head h // n_rep (GQA without
+    copying KV heads); a query at position p sees positions 0..p, or with a sliding window the
+    last `window` of them. Every output equals what attend gives one query alone, bit for bit.
+    float32 KV; KV_STEPS has the other formats', and those with attention sinks."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), None)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _attention_share(t, rows, w, ws, k_pool, v_pool, sinks):
+    """attention_step with the pools as their KV format's rows (kernels.kv_rows); sinks w.sinks
+    (gpt-oss), or None: compiled without them."""
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    att, qkv, positions, slots, tasks, scores, claims = ws.att[:T], ws.qkv[:T], rows.positions, rows.slots, ws.tasks, ws.scores, ws.claims[0:2]
+    window, scale, softcap = w.window[l], w.attn_scale, w.attn_softcap
+    hd = ws.att.shape[1] // w.heads
+    n_rep = w.heads // k_pool.shape[2]
+    row0 = t * (scores.shape[0] // claims.shape[1])  # this thread's score rows
+    task = claim(claims, t, claims.shape[1])
+    while task >= 0:
+        r0, r1, h0, h1 = tasks[task, 0], tasks[task, 1], tasks[task, 2], tasks[task, 3]
+        slot, pos0 = slots[r0], positions[r0]
+        keys, values = k_pool[slot, l, h0 // n_rep], v_pool[slot, l, h0 // n_rep]
+        if r1 - r0 == 1:  # a lone query: its heads of one KV head together
+            j0 = first_key(pos0, window)
+            out, q, s = att[r0, h0 * hd : h1 * hd], qkv[r0, h0 * hd : h1 * hd], scores[row0 : row0 + h1 - h0]
+            if sinks is None:
+                attend(out, q, keys[j0:], values[j0:], pos0 + 1 - j0, s, scale, softcap, None)
+            else:
+                attend(out, q, keys[j0:], values[j0:], pos0 + 1 - j0, s, scale, softcap, sinks[l, h0:h1])
+        elif sinks is None:  # up to 4 queries of one head, consecutive positions
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, None)
+        else:
+            attend_queries(att, qkv, r0, r1 - r0, h0, keys, values, pos0, window, scores, row0, scale, softcap, sinks[l])
+        task = claim(claims, t, claims.shape[1])
+
+
+def parallel_region(step, threads, state):
+    """The one parallel loop of the forward pass: every thread runs its share of a step."""
+    for t in prange(threads):
+        call_at(step, np.int64(t), np.int64(threads), state)
+
+
+# ---------------------------------------------------------------- the steps' kernels
+#
+# Each step is its own compiled kernel, called by address, and the parallel loop is one kernel
+# too: Numba links a called function's code into each caller and optimises it all again, so code
+# called from the forward pass in a dozen places was optimised a dozen times, and each parallel
+# loop (a parfor) costs seconds to compile. Here each is compiled and optimised once, in its own
+# module: a first run of the default model compiled the forward pass in 15 s instead of 30
+# (2-core AVX2 machine).
+
+STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step)
+MOE_STEPS = (experts_step, expert_linear_step)  # compiled only for a mixture of experts
+assert len(STEPS) == PARALLEL_REGION  # in the order of forward_types' step numbers
+
+
+# The steps that read or write the KV pools, per KV format (kernels.formats.KV_FORMATS): each views
+# the pools' bytes as its format's rows, so only the format a model uses is compiled.
+
+
+def attention_step_float16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), None)
+
+
+def qkv_step_float16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), cos, sin)
+
+
+def attention_step_bfloat16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), None)
+
+
+def qkv_step_bfloat16(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), cos, sin)
+
+
+def attention_step_q8_0(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool, v_pool, None)  # Q8_0 blocks are bytes already
+
+
+def qkv_step_q8_0(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin)
+
+
+# With attention sinks (gpt-oss): steps of their own, so other models never compile them.
+
+
+def attention_step_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), w.sinks)
+
+
+def attention_step_float16_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.int16), v_pool.view(np.int16), w.sinks)
+
+
+def attention_step_bfloat16_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool.view(np.uint16), v_pool.view(np.uint16), w.sinks)
+
+
+def attention_step_q8_0_sinks(t, threads, state):
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    _attention_share(t, rows, w, ws, k_pool, v_pool, w.sinks)
+
+
+KV_STEPS = {  # KV format -> its (attention, attention with sinks, qkv) steps
+    "float32": (attention_step, attention_step_sinks, qkv_step),
+    "float16": (attention_step_float16, attention_step_float16_sinks, qkv_step_float16),
+    "bfloat16": (attention_step_bfloat16, attention_step_bfloat16_sinks, qkv_step_bfloat16),
+    "q8_0": (attention_step_q8_0, attention_step_q8_0_sinks, qkv_step_q8_0),
+}
+_compiled: dict = {}
+_STEP_SIGNATURE = types.void(types.int64, types.int64, types.int64)
+_STEP_OPTIONS = dict(cache=True, fastmath=EXACT_MATH, nogil=True, _nrt=False)
+
+
+def _compile_step(step):
+    if step not in _compiled:
+        if step is parallel_region:
+            kernel = njit(_STEP_SIGNATURE, parallel=True, cache=True, nogil=True)(step)
+        else:
+            kernel = njit(_STEP_SIGNATURE, **_STEP_OPTIONS)(step)
+        _compiled[step] = (kernel, native_address(kernel, _STEP_SIGNATURE))
+    return _compiled[step][1]
+
+
+def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, clamped: bool = False) -> np.ndarray:
+    """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
+    the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
+    mixture of experts (else 0: never called); attention with sinks and the clamped SwiGLU gate
+    only for a model that has them (gpt-oss)."""
+    plain, with_sinks, qkv = KV_STEPS[kv_format]
+    chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate_step_clamped if clamped else gate_step}
+    steps = [chosen.get(step, step) for step in STEPS]
+    return np.array([0 if step in MOE_STEPS and not experts else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
+
+
+# ---------------------------------------------------------------- attention tasks and row spans
+
+
+@njit(cache=True, _nrt=False)
+def attention_tasks(tasks, positions, slots, T, nh, nkv, threads):
+    """The attention tasks of the rows into tasks[:n] (first row, end row, first head, end head);
+    returns n. A run of rows of one slot at consecutive positions (a prefill chunk) is tasks of
+    4 queries of one head, scores in 4 x 4 tiles (each key loaded once for 4 queries); a lone row
+    (decode) is tasks of one KV head with its query heads (attend: each key and value read once
+    for all of them), split in parts until the tasks divide evenly among the threads. One
+    sequence of the default model is 3 KV heads: 2 + 1 on two threads cost float32 decode 3% (4
+    alternating rounds); in 2 parts, 6 tasks of 1 or 2 heads go 4 + 5 heads."""
+    n_rep = nh // nkv
+    lone = 0
+    r = 0
+    while r < T:
+        e = _run_end(positions, slots, T, r)
+        lone += e - r == 1
+        r = e
+    parts = 1
+    while parts < n_rep and (lone * nkv * parts) % threads != 0:
+        parts += 1
+    n = 0
+    r = 0
+    while r < T:
+        e = _run_end(positions, slots, T, r)
+        if e - r == 1:
+            for kv in range(nkv):
+                for p in range(parts):
+                    tasks[n, 0], tasks[n, 1] = r, r + 1
+                    tasks[n, 2], tasks[n, 3] = kv * n_rep + n_rep * p // parts, kv * n_rep + n_rep * (p + 1) // parts
+                    n += 1
+        else:
+            for h in range(nh):
+                for q0 in range(r, e, QUERIES_PER_TASK):
+                    tasks[n, 0], tasks[n, 1], tasks[n, 2], tasks[n, 3] = q0, min(e, q0 + QUERIES_PER_TASK), h, h + 1
+                    n += 1
+        r = e
+    return n
+
+
+@njit(cache=True, _nrt=False)
+def _run_end(positions, slots, T, r):
+    """The end of the run of rows from r: one slot, consecutive positions."""
+    e = r + 1
+    while e < T and slots[e] == slots[r] and positions[e] == positions[e - 1] + 1:
+        e += 1
+    return e
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _norm_span(r0, r1, out, x, norm, l, eps, centered):
+    """out[t] = rmsnorm(x[t]) (layernorm when centered) with layer l's weights, or a copy of x[t]
+    where the layer has no norm at that place (norm is (L, 0))."""
+    for t in range(r0, r1):
+        if norm.shape[1] > 0:
+            norm_row(out[t], x[t], norm[l], eps, centered)
+        else:
+            for n in range(x.shape[1]):
+                out[t, n] = x[t, n]
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
+    """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
+    position (table -1: none); then its key and value into its slot of layer l's cache, in the
+    pools' KV format."""
+    nkv = k_pool.shape[2]
+    kv_dim = nkv * hd
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for r in range(q_dim + 2 * kv_dim):
+                qkv[t, r] += bias[l, r]
+        q = qkv[t, :q_dim]
+        k = qkv[t, q_dim : q_dim + kv_dim]
+        v = qkv[t, q_dim + kv_dim :]
+        _norm_groups(q, q_norm, l, eps)
+        _norm_groups(k, k_norm, l, eps)
+        pos = positions[t]
+        if table >= 0:
+            rope_row(q, cos[table], sin[table], pos, hd)
+            rope_row(k, cos[table], sin[table], pos, hd)
+        for h in range(nkv):
+            kv_store(k_pool[slots[t], l, h, pos], k[h * hd : (h + 1) * hd])
+            kv_store(v_pool[slots[t], l, h, pos], v[h * hd : (h + 1) * hd])
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _norm_groups(x, norm, l, eps):
+    """RMSNorm of x in place, group by group of norm's width (a head, or the whole projection:
+    the q/k norm of Qwen3, Gemma 3 and OLMo 2); nothing when norm is (L, 0)."""
+    n = norm.shape[1]
+    if n > 0:
+        for g in range(x.shape[0] // n):
+            rmsnorm_row(x[g * n : (g + 1) * n], x[g * n : (g + 1) * n], norm[l], eps)
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _residual_span(r0, r1, x, proj, bias, norm, l, eps, scale):
+    """x[t] += norm(proj[t] + bias) * scale: layer l's bias row and output norm, each where the
+    model has one ((L, 0) otherwise); scale 1 but in Granite."""
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for n in range(x.shape[1]):
+                proj[t, n] += bias[l, n]
+        if norm.shape[1] > 0:
+            rmsnorm_row(proj[t], proj[t], norm[l], eps)
+        if scale != 1:
+            for n in range(x.shape[1]):
+                proj[t, n] *= scale
+        for n in range(x.shape[1]):
+            x[t, n] += proj[t, n]
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _gate_span(r0, r1, gate, up, bias, l, gelu):
+    """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
+    the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):
+    as a scalar loop SiLU took ~4% of an int8 step."""
+    I = gate.shape[1]
+    for t in range(r0, r1):
+        if bias.shape[1] > 0:
+            for n in range(I):
+                gate[t, n] += bias[l, n]
+                up[t, n] += bias[l, I + n]
+        gated_row(gate[t], up[t], gelu)
