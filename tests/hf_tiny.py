@@ -49,6 +49,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
         "granitemoe": (tf.GraniteMoeConfig, tf.GraniteMoeForCausalLM),
         "cohere2": (tf.Cohere2Config, tf.Cohere2ForCausalLM),
+        "ministral": (tf.MinistralConfig, tf.MinistralForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

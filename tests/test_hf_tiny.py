@@ -94,6 +94,8 @@ CASES = {
     "glm4": dict(arch="glm4", head_dim=16, tie_word_embeddings=False),
     # partial RoPE on HF's halves, with longrope's attention factor past the original context
     "phi3-partial": dict(arch="phi3", partial_rotary_factor=0.5),
+    # Ministral: Mistral with sliding and full layers
+    "ministral": dict(arch="ministral", num_hidden_layers=3, sliding_window=5, head_dim=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
     # Cohere 2: one LayerNorm, attention and MLP side by side, RoPE on pairs of the sliding layers, logit_scale
     "cohere2": dict(arch="cohere2", num_hidden_layers=4, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
                     logit_scale=0.3, layer_norm_eps=1e-5),

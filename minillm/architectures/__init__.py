@@ -14,6 +14,7 @@ from .glm import Glm4
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .llama import Llama, Mistral
+from .ministral import Ministral
 from .mixtral import Mixtral
 from .olmo import Olmo2, Olmo3, Olmoe
 from .phi3 import Phi3
@@ -25,7 +26,7 @@ from .smollm3 import SmolLM3
 SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
-    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(), Cohere2(),
+    Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(), Cohere2(), Ministral(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)
