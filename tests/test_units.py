@@ -392,3 +392,19 @@ def test_weights_start_on_cache_lines(tmp_path, dtype):
         stored = SafetensorsFile(path).raw("model.layers.0.mlp.gate_proj.weight")
         assert stored.ctypes.data % 64 == 8
         np.testing.assert_array_equal(layers[0].gate.w, stored)
+
+
+def test_each_spec_s_default_rope_base_is_its_config_class_s():
+    """Where config.json names no RoPE base, each family takes its transformers config class's
+    default_theta (Mixtral 1e6, SmolLM3 2e6, gpt-oss 150000, Ernie 4.5 and OLMo 3 500000, ...)."""
+    import transformers
+
+    from minillm.architectures import SPECS
+
+    for spec in SPECS:
+        config_class = getattr(transformers, spec.hf_names[0].replace("ForCausalLM", "Config"), None)
+        if spec.hf_names[0] == "Gemma3ForCausalLM":
+            config_class = transformers.Gemma3TextConfig
+        theirs = getattr(config_class, "default_theta", 10_000.0)
+        theirs = theirs["global"] if isinstance(theirs, dict) else theirs
+        assert spec.rope_theta == theirs, spec.hf_names[0]

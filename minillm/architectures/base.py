@@ -85,7 +85,7 @@ class Architecture:
     partial_rotary = False  # reads partial_rotary_factor (RoPE on the first part of each head only)
     activation_field, default_activation = "hidden_act", "silu"
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
-    rope_theta = 10000.0  # when config.json names none
+    rope_theta = 10000.0  # when config.json names none (the config class's default_theta)
     mixture_of_experts = False
     layer_norm = False  # norms subtract the mean first (LayerNorm without a bias), else RMSNorm
     eps_field = "rms_norm_eps"
@@ -166,6 +166,7 @@ class Architecture:
     gguf_norm_topk: bool | None = None  # llama.cpp's renormalisation of the top k when the file is silent
     gguf_bias_fields: dict[str, str] = {}  # config field -> the tensor whose presence sets it (llama.cpp writes no key)
     gguf_eps_key = "attention.layer_norm_rms_epsilon"
+    gguf_rope_theta = 10000.0  # llama.cpp's when the file has no rope.freq_base
     gguf_tokenizer = "llama"  # SentencePiece spelling: "llama" (Metaspace), "phi3" or "gemma"
     stacked_experts_on_hub = False  # an import keeps the experts stacked (as the family's checkpoints are)
 

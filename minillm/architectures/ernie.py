@@ -6,6 +6,7 @@ from .base import Architecture, Fields
 
 class Ernie45(Architecture):
     hf_names = ("Ernie4_5ForCausalLM",)
+    rope_theta = 500_000.0  # Ernie4_5Config's
     gguf_name = "ernie4_5"
     interleaved_rope = True
     default_head_dim = 128  # Ernie4_5Config's

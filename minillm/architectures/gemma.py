@@ -46,7 +46,7 @@ class Gemma3(Gemma2):
     hf_names = ("Gemma3ForCausalLM",)
     gguf_name = "gemma3"
     qk_norm = "head"
-    rope_theta = 1_000_000.0
+    rope_theta = gguf_rope_theta = 1_000_000.0
     window_pattern = 6
     gguf_big_layers = 62
     docs_note = " (text)"

@@ -10,6 +10,7 @@ from .base import Architecture, Fields, attention_bias
 
 class GptOss(Architecture):
     hf_names = ("GptOssForCausalLM",)
+    rope_theta = 150_000.0  # GptOssConfig's
     gguf_name = "gpt-oss"
     mixture_of_experts = True
     default_window = 128  # GptOssConfig's

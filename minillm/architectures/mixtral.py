@@ -7,6 +7,7 @@ from .llama import Mistral
 
 class Mixtral(Mistral):
     hf_names = ("MixtralForCausalLM",)
+    rope_theta = 1_000_000.0  # MixtralConfig's
     gguf_name = "llama"
     gguf_permuted_qk = True
     gguf_head_dim_from_rope = True

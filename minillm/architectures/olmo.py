@@ -36,6 +36,7 @@ class Olmo3(Olmo2):
     llama.cpp writes it as "olmo2" with a window."""
 
     hf_names = ("Olmo3ForCausalLM",)
+    rope_theta = 500_000.0  # Olmo3Config's
     gguf_name = None
     default_window = 4096  # Olmo3Config's
     docs = ("after each sub-block, `x * w`", "over the projection", "SiLU gate", "three sliding layers to each full one (`layer_types`)",
@@ -45,4 +46,4 @@ class Olmo3(Olmo2):
         return sliding_every(4, layers)
 
     def local_rope(self, fields: Fields, read) -> tuple:
-        return read("sliding_attention", fields.raw.get("rope_theta", 10000.0))
+        return read("sliding_attention", fields.raw.get("rope_theta", self.rope_theta))

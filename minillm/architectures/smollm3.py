@@ -7,6 +7,7 @@ from .base import Architecture, Fields, attention_bias
 
 class SmolLM3(Architecture):
     hf_names = ("SmolLM3ForCausalLM",)
+    rope_theta = 2_000_000.0  # SmolLM3Config's
     docs = ("before, `x * w`", "-", "SiLU gate", "full or sliding", "none in `no_rope_layers` layers")
 
     def biases(self, fields: Fields) -> dict:

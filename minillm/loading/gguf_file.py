@@ -278,7 +278,7 @@ def hf_config(meta: Metadata, arch: str, spec, tensor, names=()) -> dict:
     rope_dims = meta.typed(p + "rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         config["partial_rotary_factor"] = rope_dims / head_dim
-    theta = float(meta.typed(p + "rope.freq_base", float, spec.rope_theta))
+    theta = float(meta.typed(p + "rope.freq_base", float, spec.gguf_rope_theta))
     spec.gguf_config(meta, p, config, {"rope_theta": theta, **_rope_scaling(meta, p, tensor, config)})
     return config
 
