@@ -408,3 +408,20 @@ def test_each_spec_s_default_rope_base_is_its_config_class_s():
         theirs = getattr(config_class, "default_theta", 10_000.0)
         theirs = theirs["global"] if isinstance(theirs, dict) else theirs
         assert spec.rope_theta == theirs, spec.hf_names[0]
+
+
+def test_the_format_table_agrees_with_gguf_py():
+    """Each GGUF format's block (weights, bytes) is gguf-py's GGML_QUANT_SIZES for its ggml type (or
+    whole ggml blocks of it: F16 runs in blocks of 32), and a regrouped layout keeps the blocks of
+    the format it regroups."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from minillm.kernels.formats import BY_NAME, FORMATS
+
+    for fmt in FORMATS:
+        if fmt.ggml_type is not None and fmt.is_gguf_blocks:
+            weights, size = GGML_QUANT_SIZES[GGMLQuantizationType(fmt.ggml_type)]
+            assert fmt.block % weights == 0 and fmt.block_bytes == fmt.block // weights * size, fmt.name
+        if fmt.group_of:
+            source = BY_NAME[fmt.group_of]
+            assert (fmt.block, fmt.block_bytes, source.grouped) == (source.block, source.block_bytes, fmt.name)
