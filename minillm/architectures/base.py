@@ -88,7 +88,7 @@ class Architecture:
     rope_theta = 10000.0  # when config.json names none (the config class's default_theta)
     mixture_of_experts = False
     layer_norm = False  # norms subtract the mean first (LayerNorm without a bias), else RMSNorm
-    eps_field = "rms_norm_eps"
+    eps_field, default_eps = "rms_norm_eps", 1e-6  # the norms' epsilon and its default (LlamaConfig's)
     parallel_block = False  # attention and MLP both read norm(x), and both add to x
     embed_scale_outside = False  # transformers scales the embedding after its embed_tokens module (what compare hooks)
 
@@ -210,6 +210,14 @@ def rope_on_sliding_layers(spec: Architecture, fields: Fields, layers: int) -> t
         return ()
     types = fields.raw.get("layer_types") or spec.layer_types(fields, layers, ())
     return tuple(t == "sliding_attention" for t in types) if len(types) == layers else ()
+
+
+def gguf_windowed_layers(meta, p: str, config: dict, default: int) -> None:
+    """config's sliding_window from the file and, where it has one, each layer's kind
+    (gguf_layer_types; every `default`-th layer full when the file is silent)."""
+    window = config["sliding_window"] = meta.typed(p + "attention.sliding_window", int)
+    if window:
+        config["layer_types"] = gguf_layer_types(meta, p, config["num_hidden_layers"], default)
 
 
 def gguf_layer_types(meta, p: str, layers: int, default: int) -> list[str]:

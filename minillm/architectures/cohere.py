@@ -2,14 +2,14 @@
 the MLP both read, their outputs both added to x; RoPE on neighbouring pairs, on sliding layers
 only (three to each full one); logits times logit_scale."""
 
-from .base import Architecture, Fields, gguf_layer_types, rope_on_sliding_layers
+from .base import Architecture, Fields, gguf_windowed_layers, rope_on_sliding_layers, sliding_every
 
 
 class Cohere2(Architecture):
     hf_names = ("Cohere2ForCausalLM",)
     gguf_name = "cohere2"
     layer_norm = True
-    eps_field = "layer_norm_eps"
+    eps_field, default_eps = "layer_norm_eps", 1e-5  # Cohere2Config's
     gguf_eps_key = "attention.layer_norm_epsilon"
     parallel_block = True
     interleaved_rope = True
@@ -25,15 +25,12 @@ class Cohere2(Architecture):
         return dict(logits_scaling=1.0 / fields.number("logit_scale", 0.0625))  # multiplied: divided by its inverse
 
     def layer_types(self, fields: Fields, layers: int, rope_layers) -> list[str]:
-        pattern = fields.raw.get("sliding_window_pattern", 4)
-        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        return sliding_every(fields.raw.get("sliding_window_pattern", 4), layers)
 
     def rope_layers(self, fields: Fields, layers: int) -> tuple[bool, ...]:
         return rope_on_sliding_layers(self, fields, layers)
 
     def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
         config["logit_scale"] = float(meta.typed(p + "logit_scale", float, 0.0625))
-        window = config["sliding_window"] = meta.typed(p + "attention.sliding_window", int)
-        if window:
-            config["layer_types"] = gguf_layer_types(meta, p, config["num_hidden_layers"], default=4)
+        gguf_windowed_layers(meta, p, config, default=4)
         super().gguf_config(meta, p, config, rope)

@@ -3,7 +3,7 @@ layers with a full one every sliding_window_pattern-th (or as "L"/"G" letters); 
 the full layers take no RoPE."""
 
 from ..errors import ConfigError
-from .base import Architecture, Fields, gguf_layer_types, rope_on_sliding_layers
+from .base import Architecture, Fields, gguf_windowed_layers, rope_on_sliding_layers, sliding_every
 
 
 class Exaone4(Architecture):
@@ -21,13 +21,11 @@ class Exaone4(Architecture):
             return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention" for i in range(layers)]
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
             raise ConfigError(f"{fields.source}: field 'sliding_window_pattern' must be a positive integer or letters L and G")
-        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        return sliding_every(pattern, layers)
 
     def rope_layers(self, fields: Fields, layers: int) -> tuple[bool, ...]:
         return rope_on_sliding_layers(self, fields, layers)
 
     def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
-        window = config["sliding_window"] = meta.typed(p + "attention.sliding_window", int)
-        if window:
-            config["layer_types"] = gguf_layer_types(meta, p, config["num_hidden_layers"], default=4)
+        gguf_windowed_layers(meta, p, config, default=4)
         super().gguf_config(meta, p, config, rope)

@@ -199,8 +199,9 @@ def load_checkpoint(
 
     def matrix(name: str) -> Linear:
         f = owner[name]
-        if rope_halves_order(cfg, name, f.tensors[name].shape[0]) is not None:  # reordered rows: a copy, converted as any other
-            w = in_rope_order(cfg, name, f.float32(name))
+        order = rope_halves_order(cfg, name, f.tensors[name].shape[0])
+        if order is not None:  # reordered rows: a copy, converted as any other
+            w = f.float32(name)[order]
             return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
         stored = f.tensors[name].dtype
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):  # the mapped file itself

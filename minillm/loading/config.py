@@ -65,7 +65,6 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] = ()  # per layer: False where a layer has no RoPE (SmolLM3); () all
     local_rope: tuple[float, RopeScaling] | None = None  # RoPE base and scaling of sliding layers (Gemma 3)
     hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3)
-    norm_placement: str = "pre"  # "pre", "post" (after each sub-block) or "sandwich" (before and after)
     norm_offset: bool = False  # Gemma: norms scale by (1 + w)
     qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", or over the whole "projection"
     fused_qkv: bool = False  # q, k and v as one qkv_proj (Phi-3)
@@ -209,7 +208,7 @@ class ModelConfig:
             raise ConfigError(f"{source}: field 'head_dim' ({head_dim}) must be even for RoPE")
         rotary_dim = _rotary_dim(raw, source, head_dim, spec)
 
-        eps = fields.number(spec.eps_field, default=1e-6 if spec.eps_field == "rms_norm_eps" else 1e-5)
+        eps = fields.number(spec.eps_field, default=spec.default_eps)
         if not eps > 0:
             raise ConfigError(f"{source}: field '{spec.eps_field}' must be > 0, got {eps}")
 
@@ -243,7 +242,6 @@ class ModelConfig:
             rope_layers=rope_layers,
             local_rope=local_rope,
             hidden_act=act,
-            norm_placement=spec.norm_placement,
             norm_offset=spec.norm_offset,
             qk_norm=spec.qk_norm,
             fused_qkv=spec.fused_qkv,
