@@ -7,6 +7,7 @@ nh/nkv query/KV heads, hd head dim, ctx cache length.
     formats     the table of weight formats
     forward     the layer sequence over a batch of rows: prefill, decode, batched decode
     forward_types, steps, step_calls, experts  what it reads, its steps, running them, a MoE layer
+    lora        a LoRA adapter's update beside a base product
     matmul      linear layers for every format, tiles chosen by row count; each format's kernels
     attention   causal GQA attention over the KV cache
     rmsnorm, rope, swiglu                      the other operations of a layer

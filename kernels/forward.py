@@ -26,6 +26,10 @@ too. Each expert runs on the rows that chose it, gathered, so its weights are re
 for all of them, and every chosen expert's matrices share one parallel region (EXPERT_LINEAR); a
 row sums its experts in ascending expert order whatever else is in the step.
 
+A row may carry a LoRA adapter (rows.adapters): after each linear step its adapter's updates on
+those matrices are added to the base products (kernels.lora), so rows of different adapters and
+of the base model share one step.
+
 Where things are: the data it reads and the step numbers (forward_types), the steps themselves,
 each thread's share of one operation (steps), running them (step_calls), a mixture of experts'
 layer (experts).
@@ -42,7 +46,7 @@ import numpy as np
 from numba import njit
 
 from .forward_types import (
-    ALWAYS, ATTENTION, ATTENTION_PART, EXPERTS, FROM_ATT, FROM_XN, GATE, K, MATRIX_KINDS, MLP_PART, NORM, O, ONE, P_LAYER, P_ROWS,
+    ALWAYS, ATTENTION, ATTENTION_PART, EXPERTS, FROM_ATT, FROM_XN, GATE, K, MATRIX_KINDS, MLP_PART, NORM, O, ONE, P_LAYER, P_LORA, P_ROWS,
     PARALLEL_ROWS, Q, QKV, RESIDUAL, THREE, TO_LOGITS, TO_PROJ, TO_QKV, V, state_address,
 )
 from .jit import EXACT_MATH, array_at, kernel
@@ -69,6 +73,11 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
     L = w.rope_table.shape[0]
     x = ws.x[:T]
     wide = T >= PARALLEL_ROWS  # the row operations run over the threads
+    ws.params[P_LORA] = 0
+    if w.lora_map.shape[0] > 0:
+        for t in range(T):
+            if rows.adapters[t] >= 0:
+                ws.params[P_LORA] = 1
     embed = MATRIX_KINDS * L
     for t in range(T):
         call_row(w.row[embed], x[t], array_at(w.matrices, embed, np.uint8), array_at(w.scales, embed, np.uint16), rows.tokens[t])

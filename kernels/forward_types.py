@@ -29,7 +29,8 @@ PARALLEL_ROWS = 16  # from this many rows on, the row operations run in parallel
 P_LAYER, P_ROWS, P_WHICH, P_COUNT, P_MATRIX = 0, 1, 2, 3, 4  # P_MATRIX.. P_MATRIX + 2: up to three matrices
 P_OUTPUT = 7
 P_WIDTH = 8  # the MLP's intermediate width in this layer (its gate matrix's rows)
-PARAMS = 9
+P_LORA = 9  # 1 when a row of the step has a LoRA adapter (the linear steps then run the LoRA step)
+PARAMS = 10
 ATTENTION_PART, MLP_PART = _n(0), _n(1)  # which sub-block a norm or residual step serves
 # what a linear step reads (P_WHICH) and writes (P_OUTPUT)
 FROM_XN, FROM_ATT, FROM_GATE, FROM_XE = _n(0), _n(1), _n(2), _n(3)
@@ -40,8 +41,8 @@ ALWAYS = np.bool_(True)
 
 # The steps (kernels.steps.STEPS, in this order), each a compiled kernel called by address; then
 # the parallel region that runs one over the threads.
-LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR = (_n(i) for i in range(9))
-PARALLEL_REGION = 9
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR, LORA = (_n(i) for i in range(10))
+PARALLEL_REGION = 10
 
 
 class Rows(NamedTuple):
@@ -54,6 +55,7 @@ class Rows(NamedTuple):
     logits: np.ndarray  # (G, V) float32, out
     hidden: np.ndarray  # (L + 2, T, H) float32, out: after the embedding, each layer, the final norm; or (0, 0, 0)
     experts: np.ndarray  # (L, T, k) int64, out: each sparse layer's experts for each row, ascending; or (0, 0, 0)
+    adapters: np.ndarray  # (T,) int64: each row's LoRA adapter (ModelWeights.lora_map's row), -1 for the base model
 
 
 class ModelWeights(NamedTuple):
@@ -107,6 +109,12 @@ class ModelWeights(NamedTuple):
     logit_scale: float  # logits are divided by it (Granite; else 1)
     centered_norm: bool  # the layers' and the final norm subtract the mean first: LayerNorm without a bias (Cohere 2)
     parallel: bool  # the MLP reads the attention's normalised input, not h (Cohere 2: x + attn(norm(x)) + mlp(norm(x)))
+    # LoRA adapters (kernels.lora), (0, 0) without any: a row's adapter a adds the updates of
+    # lora_map[a, m] (a chain through lora_entries) to matrix m's output
+    lora_map: np.ndarray  # (adapters, M) int64: the first update of adapter a on matrix m, or -1
+    lora_entries: np.ndarray  # (updates, LORA_FIELDS) int64: each update's place in lora_data and shape
+    lora_scale: np.ndarray  # (updates,) float32: each update's scale (alpha / r, or alpha / sqrt(r), times the user's)
+    lora_data: np.ndarray  # (bytes,) uint8: every update's A and B^T in its stored precision (kernels.lora)
 
 
 class Workspace(NamedTuple):
@@ -142,11 +150,12 @@ _F1, _F2, _F3 = (types.Array(types.float32, n, "C") for n in (1, 2, 3))
 _P5 = types.Array(types.uint8, 5, "C")  # a KV pool as bytes, whatever its KV format: the steps that
 # read or write it (KV_STEPS) view it as their format's rows
 _I1, _I2, _I3 = (types.Array(types.int64, n, "C") for n in (1, 2, 3))
-ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3], Rows)
+ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3, _I1], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
-     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean], ModelWeights)
+     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
+     _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)

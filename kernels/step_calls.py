@@ -8,7 +8,7 @@ from numba import njit
 
 from .formats import Operand
 from .forward_types import (
-    ALWAYS, FROM_GATE, GATE_ROWS, LINEAR, MLP_PART, ONE, P_COUNT, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_REGION,
+    ALWAYS, FROM_GATE, GATE_ROWS, LINEAR, LORA, MLP_PART, ONE, P_COUNT, P_LORA, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_REGION,
     PARALLEL_ROWS, PREPARE, TO_GATE_UP, TO_PROJ, TWO,
 )
 from .jit import call_at
@@ -40,6 +40,8 @@ def run_linear(source, n, m0, m1, m2, target, w, ws, state):
     p[P_WHICH], p[P_MATRIX], p[P_MATRIX + 1], p[P_MATRIX + 2], p[P_OUTPUT] = source, m0, m1, m2, target
     prepare_and_claim(p[P_MATRIX : P_MATRIX + 3], n, w, ws, state)
     run_step(LINEAR, ALWAYS, w, ws, state)
+    if p[P_LORA]:  # the rows' adapters' updates, after the base products they add to
+        run_step(LORA, ALWAYS, w, ws, state)
 
 
 @njit(cache=True, _nrt=False)

@@ -11,10 +11,12 @@ from .attention import QUERIES_PER_TASK, attend, attend_queries, first_key
 from .experts import moe_layer
 from .forward_types import (
     ATTENTION_PART, FROM_ATT, FROM_GATE, FROM_XE, JOB_GATE, JOB_XE, P_COUNT, P_LAYER, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH,
-    P_WIDTH, PARALLEL_REGION, TO_GATE_UP, TO_LOGITS, TO_QKV, TO_ROUTER, mlp_rows, state_at,
+    P_WIDTH, PARALLEL_REGION, PARALLEL_ROWS, TO_GATE_UP, TO_LOGITS, TO_QKV, TO_ROUTER, mlp_rows, state_at,
 )
 from .jit import EXACT_MATH, array_at, call_at, native_address, rows_view
+from .vector_ir import LANES
 from .kv_rows import kv_store
+from .lora import LORA_A, LORA_B, LORA_BF16, LORA_COL, LORA_F16, LORA_KIND, LORA_NEXT, LORA_OUT, LORA_RANK, ROW_GROUP, lora_rows
 from .matmul import call_linear
 from .rmsnorm import norm_row, rmsnorm_row
 from .rope import rope_row
@@ -76,6 +78,84 @@ def linear_step(t, threads, state):
             out, col = ws.proj[:T], 0
         call_linear(w.linear[m], out, np.int64(col), array_at(w.matrices, m, np.uint8), array_at(w.scales, m, np.uint16), x, xo, xs, ws.scratch[t], ws.claims[2 * j : 2 * j + 2],
                     np.int64(t))
+
+
+def lora_step(t, threads, state):
+    """Thread t's share of the LoRA updates on the matrices the linear step before it ran (the
+    same ws.params): each row adds its adapter's updates (rows.adapters) to what the base matrix
+    wrote; a row of the base model (-1) adds nothing. The updates are tasks dealt to the threads
+    in turn: one matrix's update for a group of consecutive rows of one adapter (kernels.lora),
+    and for a few rows (a decode) one part of its columns per thread, so the adapter's matrices
+    are read at both cores' bandwidth."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    p = ws.params
+    T, n, target = p[P_ROWS], p[P_COUNT], p[P_OUTPUT]
+    x = _source_rows(ws, p[P_WHICH], T)
+    parts = threads if T < PARALLEL_ROWS else 1
+    task = 0
+    r0 = 0
+    while r0 < T:
+        a = _row_adapter(rows, target, r0)
+        r1 = r0 + 1
+        while r1 < T and r1 - r0 < ROW_GROUP and _row_adapter(rows, target, r1) == a:
+            r1 += 1
+        if a >= 0:
+            for j in range(n):
+                e = w.lora_map[a, p[P_MATRIX + j]]
+                while e >= 0:
+                    task = _lora_tasks(t, threads, task, parts, rows, w, ws, x, target, j, e, r0, r1)
+                    e = w.lora_entries[e, LORA_NEXT]
+        r0 = r1
+
+
+@njit(inline="always", _nrt=False)
+def _row_adapter(rows, target, r):
+    """Row r's adapter; the LM head's rows are the logit rows."""
+    return rows.adapters[rows.logit_rows[r] if target == TO_LOGITS else r]
+
+
+@njit(inline="always", _nrt=False)
+def _part_start(N, part, parts):
+    """Where part `part` of N columns starts: on a 16-column boundary, so each column is summed
+    as a full vector's lane or as the tail's whatever the parts (kernels.lora)."""
+    return N if part == parts else N * part // parts // LANES * LANES
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _lora_tasks(t, threads, task, parts, rows, w, ws, x, target, j, e, r0, r1):
+    """Update e on rows r0..r1 of x, in column parts and groups that fit the scratch: the tasks
+    numbered from `task` on, thread t running those that are its turn; returns the next number."""
+    entries, p = w.lora_entries, ws.params
+    N, rank = entries[e, LORA_OUT], entries[e, LORA_RANK]
+    T = p[P_ROWS]
+    q_dim = ws.att.shape[1]
+    kv_dim = (ws.qkv.shape[1] - q_dim) // 2
+    group = max(1, ws.scratch.shape[1] // (rank + 64))  # rows whose A x and a chunk of B (A x) fit the scratch
+    for g0 in range(r0, r1, group):
+        g1 = min(r1, g0 + group)
+        for part in range(parts):
+            if task % threads == t:
+                if target == TO_QKV:
+                    out, col = ws.qkv[g0:g1], (0, q_dim, q_dim + kv_dim)[j]
+                elif target == TO_GATE_UP:
+                    out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH])[g0:g1], 0
+                elif target == TO_LOGITS:
+                    out, col = rows.logits[g0:g1], 0
+                elif target == TO_ROUTER:
+                    out, col = ws.route[g0:g1], 0
+                else:
+                    out, col = ws.proj[g0:g1], 0
+                c0, c1 = _part_start(N, part, parts), _part_start(N, part + 1, parts)
+                col += entries[e, LORA_COL]
+                out, a0, b0 = out[:, col + c0 : col + c1], entries[e, LORA_A], entries[e, LORA_B] + c0
+                if entries[e, LORA_KIND] == LORA_F16:
+                    lora_rows(out, x[g0:g1], w.lora_data.view(np.int16), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+                elif entries[e, LORA_KIND] == LORA_BF16:
+                    lora_rows(out, x[g0:g1], w.lora_data.view(np.uint16), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+                else:
+                    lora_rows(out, x[g0:g1], w.lora_data.view(np.float32), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+            task += 1
+    return task
 
 
 def expert_linear_step(t, threads, state):
@@ -218,7 +298,8 @@ def parallel_region(step, threads, state):
 # module: a first run of the default model compiled the forward pass in 15 s instead of 30
 # (2-core AVX2 machine).
 
-STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step)
+STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step,
+         lora_step)
 MOE_STEPS = (experts_step, expert_linear_step)  # compiled only for a mixture of experts
 assert len(STEPS) == PARALLEL_REGION  # in the order of forward_types' step numbers
 
@@ -301,15 +382,16 @@ def _compile_step(step):
     return _compiled[step][1]
 
 
-def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, clamped: bool = False) -> np.ndarray:
+def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, clamped: bool = False, lora: bool = False) -> np.ndarray:
     """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
     the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
-    mixture of experts (else 0: never called); attention with sinks and the clamped SwiGLU gate
-    only for a model that has them (gpt-oss)."""
+    mixture of experts and the LoRA step only with adapters (else 0: never called); attention
+    with sinks and the clamped SwiGLU gate only for a model that has them (gpt-oss)."""
     plain, with_sinks, qkv = KV_STEPS[kv_format]
     chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate_step_clamped if clamped else gate_step}
     steps = [chosen.get(step, step) for step in STEPS]
-    return np.array([0 if step in MOE_STEPS and not experts else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
+    unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()))
+    return np.array([0 if step in unused else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
 
 
 # ---------------------------------------------------------------- attention tasks and row spans

@@ -14,6 +14,7 @@ Calls from several threads are safe and are batched: every request goes to one e
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from collections import deque
 from functools import cached_property
@@ -31,6 +32,7 @@ from .core.sampling import SamplingParams
 from .core.tokenizer import Tokenizer
 from .errors import GenerationError, UsageError
 from .loading.hub import model_path
+from .loading.lora import Adapter, combined, load_adapter, parse_lora_spec
 from .options import DEFAULTS, Options
 
 if TYPE_CHECKING:
@@ -89,6 +91,55 @@ class LLM:
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config, options.chat_template)
         self.draft = load_draft(self.model, self.source, options) if options.speculative == "draft" else None
+        self.adapters: dict[str, Adapter] = {}  # LoRA adapters by name (options.lora, load_adapter)
+        self._adapters_changing = threading.Lock()  # callers' threads load, unload and combine them
+        for spec in (options.lora,) if isinstance(options.lora, str) else options.lora:
+            name, path, scale = parse_lora_spec(spec)
+            if name is None:  # named by its file; the same file twice (other scales) is two adapters
+                name = _unused_name(Path(path).stem if path.endswith(".gguf") else Path(path).resolve().name, self.adapters)
+            self.load_adapter(path, name, scale)
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
+        """Load a PEFT LoRA adapter (a directory) as `name` (default: the directory's name),
+        its updates times `scale`; requests then choose it by name (lora=). The base weights are
+        shared, never copied."""
+        adapter = load_adapter(path, self.model.config, name, scale)
+        with self._adapters_changing:
+            if adapter.name in self.adapters or "+" in adapter.name:
+                raise UsageError(f"a LoRA adapter named {adapter.name!r} is already loaded" if "+" not in adapter.name
+                                 else f"LoRA adapter name {adapter.name!r}: '+' joins names of adapters applied together")
+            self.adapters[adapter.name] = adapter
+            self.model.set_adapters(self.model.adapters + (adapter,))
+        return adapter
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget adapter `name` (and the combinations it is in): requests can no longer choose it."""
+        with self._adapters_changing:
+            if self.adapters.pop(name, None) is None:
+                raise UsageError(f"no LoRA adapter named {name!r} is loaded")
+            keep = set(self.adapters)
+            self.model.set_adapters(a for a in self.model.adapters if all(part in keep for part in a.name.split("+")))
+
+    def adapter(self, lora: str | Sequence[str] | None = None) -> Adapter | None:
+        """The adapter a call runs with: lora None is every loaded adapter at once (as llama.cpp
+        applies each --lora; none loaded: the base model); a name or names, those (summed); () or
+        "" the base model."""
+        names = tuple(self.adapters) if lora is None else ((lora,) if isinstance(lora, str) else tuple(lora))
+        names = tuple(n for n in names if n)
+        if not names:
+            return None
+        for n in names:
+            if n not in self.adapters:
+                raise UsageError(f"no LoRA adapter named {n!r} (loaded: {', '.join(self.adapters) or 'none'})")
+        name = "+".join(names)
+        with self._adapters_changing:
+            held = next((a for a in self.model.adapters if a.name == name), None)
+            if held is None:  # a combination used for the first time
+                held = combined([self.adapters[n] for n in names])
+                self.model.set_adapters(self.model.adapters + (held,))
+        return held
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -162,7 +213,8 @@ class LLM:
         json_schema (a dict) or grammar (GBNF text, or {"type": "lark" | "gbnf" | "regex",
         "grammar": str}) constrain the text (minillm.core.structured); logit_bias maps token ids to biases.
         prediction (text or token ids the reply is expected to copy, OpenAI's predicted outputs)
-        lets prompt lookup propose from it: the same text in fewer steps.
+        lets prompt lookup propose from it: the same text in fewer steps. lora: the LoRA adapter(s)
+        to run with, by name (LLM.adapter; default: every one loaded).
         """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self._stream(ids, max_tokens, stop, truncate, sampling)
@@ -213,6 +265,7 @@ class LLM:
             constraint = response_format_constraint(self.grammars, response_format, grammar)
         if "logit_bias" in sampling:
             sampling["logit_bias"] = tuple((int(t), float(b)) for t, b in dict(sampling["logit_bias"]).items())
+        adapter = self.adapter(sampling.pop("lora", None))
         prediction = sampling.pop("prediction", None) or ()
         if isinstance(prediction, str):
             prediction = self.tokenizer.encode(prediction, add_special_tokens=False)
@@ -220,22 +273,24 @@ class LLM:
         if chat and self.reasoning is not None:  # the thinking apart, its budget, a grammar for the answer alone
             reader = ReplyReader(self.tokenizer, self.reasoning, ids, stop)
             constraint = reply_constraint(self.tokenizer, self.reasoning, ids, thinking_budget, constraint)
-        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction)
+        handle = self.engine.submit(ids, SamplingParams(**sampling), max_tokens, self.eos_ids, constraint=constraint, prediction=prediction,
+                                    adapter=adapter)
         return TextStream(handle, self.tokenizer, stop, owner=self, reader=reader)
 
     # ------------------------------------------------------------------ numbers
 
-    def logits(self, tokens: Sequence[int]) -> np.ndarray:
-        """float32 logits (T, V) for every position of `tokens`, from an empty cache."""
+    def logits(self, tokens: Sequence[int], lora: str | Sequence[str] | None = None) -> np.ndarray:
+        """float32 logits (T, V) for every position of `tokens`, from an empty cache (lora: as in stream)."""
         ids = list(tokens)
         self.check_prompt(ids)
-        return self.model.forward(ids, self.model.new_cache(), all_logits=True)
+        return self.model.forward(ids, self.model.new_cache(), all_logits=True, adapter=self.adapter(lora))
 
-    def embed(self, inputs: Sequence[str | Sequence[int]]) -> np.ndarray:
+    def embed(self, inputs: Sequence[str | Sequence[int]], lora: str | Sequence[str] | None = None) -> np.ndarray:
         """One unit-length float32 vector per input (text or token ids): the mean over its tokens
         of the final norm's output. Read by the engine in chunks beside running streams; a row's
         results do not depend on its step, so a batch equals its inputs one by one."""
         prompts = [self.tokenizer.encode(item) if isinstance(item, str) else list(item) for item in inputs]
+        adapter = self.adapter(lora)
         for ids in prompts:
             self.check_prompt(ids)
         vectors, window = [], deque()
@@ -243,7 +298,7 @@ class LLM:
             for ids in prompts:
                 if len(window) >= self.engine.max_batch:  # more would only wait in the queue
                     vectors.append(_only(window.popleft()))
-                window.append(self.engine.submit_embedding(ids))
+                window.append(self.engine.submit_embedding(ids, adapter=adapter))
             vectors += [_only(handle) for handle in window]
         finally:
             for handle in window:
@@ -274,6 +329,8 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     kv_dtype: how the KV cache (and the prefix cache) keeps keys and values: "float32" (default;
     exact), "float16" or "bfloat16" (half the memory), "q8_0" (34 bytes per 32 values, as
     llama.cpp's -ctk/-ctv q8_0). Attention widens them to float32 as it reads, with the same sums.
+    lora: LoRA adapters as PEFT saves them, "[NAME=]PATH[:SCALE]" each (LLM.load_adapter); calls
+    run with all of them unless they name some (lora="NAME") or none (lora=()).
     """
     try:
         options = (options or DEFAULTS).replace(**settings)
@@ -282,6 +339,15 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     if model_dir is not None:
         options = options.replace(model=str(model_dir))
     return LLM(options, progress=progress)
+
+
+def _unused_name(name: str, taken) -> str:
+    """name, or name-2, name-3 .. the first not in `taken`."""
+    n, candidate = 1, name
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
 
 
 def tokenizer_files(source: str | Path | None) -> tuple[Path, Path]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .core.model import Model
+from .loading.lora import combined, load_adapter, parse_lora_spec
 from .options import Options
 
 
@@ -30,14 +31,20 @@ def run(
     speculation: Options | None = None,
     prompt: list[int] | None = None,
     kv_dtype: str = "float32",
+    lora: tuple[str, ...] = (),
 ) -> dict:
     """Load, warm up, then time a prefill of `prompt_tokens` and `gen_tokens` greedy decode steps
     (of `prompt` when given: a text whose output repeats it shows what speculation gains). With
     `speculation` (Options whose speculative is set: its spec_* and draft_* fields), also the same
     greedy generation through the engine with and without it: tokens/s from the first token on,
-    and the tokens proposed and accepted."""
+    and the tokens proposed and accepted. lora: LoRA adapters ("[NAME=]PATH[:SCALE]") every step
+    runs with, their updates summed (load_s includes reading them)."""
     t0 = time.perf_counter()
     model = Model.load(model_dir, ctx=ctx, dtype=dtype, kv_dtype=kv_dtype)
+    adapter = None
+    if lora:
+        adapter = combined([load_adapter(path, model.config, name, scale) for name, path, scale in map(parse_lora_spec, lora)])
+        model.set_adapters([adapter])
     load_s = time.perf_counter() - t0
     V = model.config.vocab_size
     if prompt is None:
@@ -47,23 +54,23 @@ def run(
 
     t0 = time.perf_counter()  # first calls load (or compile) the kernels
     warm = model.new_cache()
-    model.forward(prompt[: min(8, prompt_tokens)], warm)
-    model.forward(prompt[:1], warm)
+    model.forward(prompt[: min(8, prompt_tokens)], warm, adapter=adapter)
+    model.forward(prompt[:1], warm, adapter=adapter)
     warmup_s = time.perf_counter() - t0
 
     cache = model.new_cache()
     t0 = time.perf_counter()
-    logits = model.forward(prompt, cache)
+    logits = model.forward(prompt, cache, adapter=adapter)
     token = int(np.argmax(logits))
     ttft_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     for _ in range(gen_tokens):
-        token = int(np.argmax(model.forward([token], cache)))
+        token = int(np.argmax(model.forward([token], cache, adapter=adapter)))
     decode_s = time.perf_counter() - t0
     spec = {}
     if speculation is not None and speculation.speculative and gen_tokens > 1:
-        spec = _speculative(model, model_dir, prompt.tolist(), gen_tokens, speculation)
+        spec = _speculative(model, model_dir, prompt.tolist(), gen_tokens, speculation, adapter)
 
     return {
         "model": str(model_dir),
@@ -79,12 +86,13 @@ def run(
         "load_s": load_s,
         "warmup_s": warmup_s,
         "weight_mb": model.weights.nbytes / 2**20,
+        "lora": list(lora),
         "peak_rss_mb": peak_rss_mb(),
         **spec,
     }
 
 
-def _speculative(model: Model, source, prompt: list[int], gen_tokens: int, speculation: Options) -> dict:
+def _speculative(model: Model, source, prompt: list[int], gen_tokens: int, speculation: Options, adapter=None) -> dict:
     """Greedy generation through the engine, plain and speculative, timed from the first token."""
     from .api import load_draft
     from .core.engine import Engine
@@ -95,7 +103,7 @@ def _speculative(model: Model, source, prompt: list[int], gen_tokens: int, specu
     def generate(options: Options, draft=None):
         engine = Engine(model, options, draft=draft)
         times, tokens = [], []
-        for event in engine.submit(prompt, SamplingParams(temperature=0), gen_tokens, ()):
+        for event in engine.submit(prompt, SamplingParams(temperature=0), gen_tokens, (), adapter=adapter):
             times.append(time.perf_counter())
             tokens.append(event.token)
         return (len(tokens) - 1) / (times[-1] - times[0]), tokens, engine.stats

@@ -63,6 +63,7 @@ def _model_flags(p, several: bool = False) -> None:
     p.add_argument("--check-weights", action="store_true", help=Options.help("check_weights"))
     p.add_argument("--threads", type=int, metavar="N", help=Options.help("threads"))
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=Options.help("kv_dtype"))
+    p.add_argument("--lora", action="append", metavar="[NAME=]PATH[:SCALE]", help=Options.help("lora"))
 
 
 def _speculative_flags(p) -> None:
@@ -172,6 +173,11 @@ def _setup_commands(sub) -> None:
     wu.add_argument("--experts", action="store_true", help="and the steps of a mixture of experts (Mixtral, Qwen-MoE, OLMoE)")
     wu.add_argument("--gpt-oss", action="store_true", help="and gpt-oss's steps (experts, attention sinks, clamped SwiGLU)")
 
+    ml = sub.add_parser("merge-lora", help="merge LoRA adapters into a checkpoint directory's weights, written as a new directory")
+    ml.add_argument("--model", required=True, metavar="DIR", help="the base checkpoint directory (safetensors)")
+    ml.add_argument("--lora", required=True, action="append", metavar="PATH[:SCALE]", help="a PEFT adapter directory or GGUF adapter, repeatable")
+    ml.add_argument("--out", required=True, metavar="DIR", help="the merged checkpoint's directory (must not exist)")
+
     im = sub.add_parser("import", help="import a Llama-architecture GGUF file as an HF-format directory")
     im.add_argument("gguf", metavar="FILE.gguf")
     im.add_argument("dest", metavar="DIR")
@@ -213,7 +219,8 @@ def _options(args):
     from minillm.options import Options
 
     names = {f.name for f in fields(Options)}
-    return Options(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names and v is not None}
+    return Options(**given)
 
 
 def _load(args):
@@ -337,7 +344,7 @@ def cmd_bench(args) -> int:
 
         prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
     result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt,
-                 kv_dtype=args.kv_dtype or "float32")
+                 kv_dtype=args.kv_dtype or "float32", lora=tuple(args.lora or ()))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -372,6 +379,7 @@ def cmd_compare(args) -> int:
 
     from minillm import UsageError
     from minillm.compare import compare, load_oracle
+    from minillm.loading.lora import parse_lora_spec
 
     if args.plot and not args.per_layer:
         raise UsageError("--plot draws the per-layer divergence: add --per-layer")
@@ -382,7 +390,11 @@ def cmd_compare(args) -> int:
     llm = _load(args)
     tokens = _tokens_arg(args.tokens) if args.tokens else llm.tokenizer.encode(args.prompt or COMPARE_PROMPT)
     llm.check_prompt(tokens)
-    result = compare(llm.model, load_oracle(llm.source), tokens, per_layer=args.per_layer, threshold=args.threshold)
+    adapters = [a.path for a in llm.adapters.values()]
+    if any(path.suffix == ".gguf" for path in adapters) or any(parse_lora_spec(spec)[2] != 1 for spec in llm.options.lora):
+        raise UsageError("compare --lora: peft runs PEFT adapter directories at their own scale (no GGUF adapters, no :SCALE)")
+    oracle = load_oracle(llm.source, adapters)
+    result = compare(llm.model, oracle, tokens, per_layer=args.per_layer, threshold=args.threshold, adapter=llm.adapter())
     if args.plot:
         from minillm.plots import plot_layers
 
@@ -477,6 +489,7 @@ def _serve_flags(sv) -> None:
     sv.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, metavar="N", help=Options.help("max_batch"))
     sv.add_argument("--max-queue", type=int, default=DEFAULTS.max_queue, metavar="N", help=Options.help("max_queue"))
     sv.add_argument("--api-key", metavar="KEY", help=Options.help("api_key"))
+    sv.add_argument("--allow-runtime-lora", action="store_true", default=None, help=Options.help("allow_runtime_lora"))
     sv.add_argument("--shutdown-timeout", type=float, default=DEFAULTS.shutdown_timeout, metavar="S", help=Options.help("shutdown_timeout"))
     sv.add_argument("--cache-mb", type=float, metavar="MB", help=Options.help("cache_mb"))
     sv.add_argument("--cache-dir", metavar="DIR", help=Options.help("cache_dir"))
@@ -505,6 +518,8 @@ def cmd_serve(args) -> int:
         args.threads = args.threads_per_replica
     specs, args.model = args.model or [], None
     several = args.models_dir is not None or len(specs) > 1 or any("=" in spec for spec in specs)
+    if args.lora and (several or args.replicas or args.autoscale or args.ray_address):
+        raise UsageError("--lora serves adapters of one model on one server: give one --model, without --replicas")
     if not several and specs:
         args.model = specs[0]
     options = _options(args)
@@ -569,6 +584,19 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_merge_lora(args) -> int:
+    from minillm.loading.lora import parse_lora_spec
+    from minillm.loading.lora_merge import merge_lora
+
+    adapters = []
+    for spec in args.lora:
+        _, path, scale = parse_lora_spec(spec)
+        adapters.append((path, scale))
+    out = merge_lora(args.model, adapters, args.out)
+    print(f"merged {len(adapters)} adapter{'s' if len(adapters) > 1 else ''} into {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_pull(args) -> int:
     from minillm.loading.hub import ModelName, resolve
 
@@ -625,6 +653,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "warmup": cmd_warmup,
     "import": cmd_import,
+    "merge-lora": cmd_merge_lora,
     "pull": cmd_pull,
     "list": cmd_list,
     "rm": cmd_rm,

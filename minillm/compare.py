@@ -40,9 +40,9 @@ def _torch():
     return torch
 
 
-def load_oracle(model_dir: str | Path):
+def load_oracle(model_dir: str | Path, adapters: Sequence[str | Path] = ()):
     """transformers' model for `model_dir` (a checkpoint directory or a GGUF file), in float32
-    with eager attention."""
+    with eager attention; with PEFT LoRA adapter directories, peft's model with them all active."""
     torch = _torch()
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +57,28 @@ def load_oracle(model_dir: str | Path):
         )
     except Exception as e:  # transformers raises many types for unloadable checkpoints
         raise OracleError(f"transformers cannot load {source}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if adapters:
+        model = _with_adapters(model, adapters)
     return model.eval()
+
+
+def _with_adapters(model, adapters: Sequence[str | Path]):
+    """peft's model over `model` with every adapter active, their updates summed."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise OracleError("compare --lora needs peft: pip install 'minillm[compare]'") from None
+    names = [f"adapter{i}" for i in range(len(adapters))]
+    try:
+        for i, (path, name) in enumerate(zip(adapters, names)):
+            if i == 0:
+                model = PeftModel.from_pretrained(model, str(path), adapter_name=name)
+            else:
+                model.load_adapter(str(path), adapter_name=name)
+        model.base_model.set_adapter(names)
+    except Exception as e:  # peft raises many types for adapters it cannot load
+        raise OracleError(f"peft cannot load the adapter {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return model
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -151,7 +172,7 @@ def hf_hidden_states(oracle, tokens: Sequence[int]):
     """transformers' logits and hidden states at the same stages as Model.forward(hidden=...),
     and the routers' logits of a mixture of experts (a tuple, one per sparse layer; else ())."""
     torch = _torch()
-    inner = oracle.model
+    inner = (oracle.get_base_model() if hasattr(oracle, "peft_config") else oracle).model  # peft's wraps transformers'
     captured: dict = {}
 
     def keep(key):
@@ -182,13 +203,15 @@ def compare(
     tokens: Sequence[int],
     per_layer: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
+    adapter=None,
 ) -> dict:
-    """minillm against transformers on `tokens`: logit metrics, and per-layer ones on request."""
+    """minillm against transformers on `tokens`: logit metrics, and per-layer ones on request;
+    with a LoRA adapter of the model's (the oracle then peft's model with it)."""
     tokens = list(tokens)
     cfg = model.config
     hidden = np.zeros((cfg.num_hidden_layers + 2, len(tokens), cfg.hidden_size), np.float32) if per_layer else None
     experts = np.zeros((cfg.num_hidden_layers, len(tokens), cfg.experts_per_token), np.int64) if per_layer and cfg.num_experts else None
-    ours = model.forward(tokens, model.new_cache(), all_logits=True, hidden=hidden, experts=experts)
+    ours = model.forward(tokens, model.new_cache(), all_logits=True, hidden=hidden, experts=experts, adapter=adapter)
     theirs, theirs_hidden, routers = hf_hidden_states(oracle, tokens)
     if cfg.spec.embed_scale_outside:  # the hook saw the embedding before transformers scaled it
         theirs_hidden[0] *= np.float32(cfg.embed_scale)

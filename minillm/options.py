@@ -31,6 +31,9 @@ class Options:
     threads: int | None = field(default=None, metadata={"help": "the most threads a step uses (default: every CPU; with replicas, 1 per replica)"})
     kv_dtype: str = field(default="float32", metadata={"help": "how the KV cache keeps keys and values: float32 (exact, the default), "
                           "float16 or bfloat16 (half the memory), q8_0 (0.27 of it; llama.cpp's -ctk/-ctv q8_0)"})
+    lora: tuple[str, ...] = field(default=(), metadata={"help": "a LoRA adapter directory as PEFT saves it, [NAME=]PATH[:SCALE], repeatable: "
+                                  "generate, chat, logits and bench apply every one given (their updates summed); serve offers each as a model "
+                                  "named NAME (default: its directory's name) beside the base model"})
     chat_template: str | None = field(default=None, metadata={"help": "a Jinja file to use instead of the model's chat template"})
     # reasoning models (minillm.core.reasoning)
     reasoning_format: str = field(default="auto", metadata={"help": "auto: a reasoning model's thinking apart from its answer (<think> or "
@@ -57,6 +60,8 @@ class Options:
     max_body_mb: float = field(default=8.0, metadata={"help": "refuse request bodies larger than this (413)"})
     allowed_hosts: str | None = field(default=None, metadata={"help": "Host names served, comma-separated, * for any (default: localhost names and --host)"})
     allowed_origins: str | None = field(default=None, metadata={"help": "web origins that may call the API from a browser, comma-separated, * for any (default: none)"})
+    allow_runtime_lora: bool = field(default=False, metadata={"help": "POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                                     "(vLLM's): clients load adapters from paths on this machine"})
     shutdown_timeout: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may take to finish"})
     # several models in one server (minillm.serving.models)
     idle_unload: float | None = field(default=None, metadata={"help": "unload a model idle this many seconds (default: never; "
@@ -160,7 +165,9 @@ class Options:
                 continue
             kind = known[name].type
             try:
-                if name == "autoscale":
+                if name == "lora":
+                    parsed[name] = tuple(v for v in str(value).split(",") if v) if isinstance(value, str) else tuple(value)
+                elif name == "autoscale":
                     parsed[name] = tuple(int(v) for v in str(value).split(":")) if isinstance(value, str) else tuple(value)
                 elif "bool" in kind:
                     parsed[name] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")

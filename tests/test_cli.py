@@ -196,3 +196,22 @@ def test_generate_reads_the_prompt_from_a_file_or_stdin(default_model_dir, tmp_p
     piped = subprocess.run([*CLI, "generate", "--prompt-file", "-", *flags], input=prompt, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert piped.stdout == direct.stdout
     assert_one_line_error(run("generate", "--prompt-file", str(tmp_path / "missing.txt"), *flags), "--prompt-file", "missing.txt")
+
+
+def test_logits_with_lora_adapters(tiny, tmp_path):
+    """--lora PATH[:SCALE], repeatable: the adapters' updates summed, as llama.cpp applies them;
+    a bad adapter is one line."""
+    from lora_tiny import make_adapter
+
+    path, oracle = tiny
+    peft_model = make_adapter(tmp_path / "adapter", oracle, r=4, target_modules=["q_proj", "v_proj", "down_proj"])
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    expected = hf_logits(peft_model, tokens)
+    peft_model.unload()
+    for lora, out in (([str(tmp_path / "adapter")], "one.npy"), ([f"{tmp_path / 'adapter'}:0.5"] * 2, "halves.npy")):
+        result = run("logits", "--model", str(path), *[arg for spec in lora for arg in ("--lora", spec)], "--tokens", ",".join(map(str, tokens)),
+                     "--out", str(tmp_path / out))
+        assert result.returncode == 0, result.stderr
+        assert np.abs(np.load(tmp_path / out) - expected).max() <= 2e-4
+    assert_one_line_error(run("logits", "--model", str(path), "--lora", str(tmp_path / "nowhere"), "--tokens", "1,2", "--out", str(tmp_path / "x.npy")),
+                          "nowhere")

@@ -137,3 +137,20 @@ def test_plot_without_matplotlib_is_one_line(tiny, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "minillm[plot]" in result.stderr
+
+
+def test_compare_cli_with_two_lora_adapters(tmp_path):
+    """compare --lora twice: against peft's model with both adapters active, exact enough; a
+    scaled adapter, which peft cannot load so, is one line."""
+    from lora_tiny import make_adapter
+
+    base = make_checkpoint(tmp_path / "base", num_hidden_layers=2)
+    make_adapter(tmp_path / "a", base, r=4, target_modules=["q_proj", "v_proj"]).unload()
+    make_adapter(tmp_path / "b", base, seed=2, r=8, target_modules="all-linear")
+    args = [*CLI, "compare", "--model", str(tmp_path / "base"), "--tokens", ",".join(map(str, range(3, 30))), "--json"]
+    result = subprocess.run([*args, "--lora", str(tmp_path / "a"), "--lora", str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    overall = json.loads(result.stdout)["overall"]
+    assert overall["max_abs"] <= 2e-4 and overall["top1"] == 1.0
+    scaled = subprocess.run([*args, "--lora", f"{tmp_path / 'a'}:0.5"], capture_output=True, text=True, timeout=300)
+    assert scaled.returncode == 2 and "compare --lora" in scaled.stderr and len(scaled.stderr.strip().splitlines()) == 1

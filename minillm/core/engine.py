@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, GenerationError, MiniLLMError
 from ..options import DEFAULT_SPEC_NGRAM, DEFAULT_SPEC_TOKENS, DEFAULTS, Options
+from ..loading.lora import Adapter
 from .cache import KVCache, KVPool
 from .model import PREFILL_CHUNK, Model
 from .prefix_cache import PrefixCache, PrefixFile, default_budget_mb
@@ -179,6 +180,12 @@ class _Request:
     embedding: bool = False  # the mean of the final norm's output over the prompt, not generation
     prompt_logprobs: int | None = None  # score the prompt too: alternatives per prompt token
     prediction: tuple[int, ...] = ()  # tokens the reply is expected to copy: proposed by prompt lookup
+    adapter: Adapter | None = None  # the LoRA adapter its rows run with (one of the model's adapters)
+
+    @property
+    def prefix_root(self):
+        """Where its prompt's blocks chain from in the prefix cache: an adapter's keys and values are its own."""
+        return 0 if self.adapter is None else self.adapter.key
 
 
 @dataclass
@@ -291,6 +298,7 @@ class Engine:
         constraint: Constraint | None = None,
         prompt_logprobs: int | None = None,
         prediction: Sequence[int] = (),
+        adapter: Adapter | None = None,
     ) -> RequestHandle:
         """Queue a request; returns its handle at once (deliver its events to `loop` for an
         asyncio reader). The prompt is checked here (check_prompt): with `fit_max_tokens` the
@@ -304,6 +312,7 @@ class Engine:
         prediction: tokens the reply is expected to copy (OpenAI's predicted outputs): prompt lookup
         proposes from them (before the prompt), for this request in place of any draft model; the
         tokens are the same either way, only their steps fewer.
+        adapter: a LoRA adapter of the model's (Model.set_adapters) to run this request with.
         Raises QueueFullError when the queue is full."""
         prompt = list(prompt)
         ctx = self.model.ctx
@@ -317,11 +326,13 @@ class Engine:
             raise GenerationError(f"prompt_logprobs must be >= 0, got {prompt_logprobs}")
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
+        self.model.adapter_index(adapter)  # one of the model's, or an error now
         self._queue(_Request(prompt, params, max_tokens, frozenset(stop_ids), logprobs, handle, constraint, prompt_logprobs=prompt_logprobs,
-                             prediction=tuple(int(t) for t in prediction)))
+                             prediction=tuple(int(t) for t in prediction), adapter=adapter))
         return handle
 
-    def submit_embedding(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+    def submit_embedding(self, prompt: Sequence[int], loop: asyncio.AbstractEventLoop | None = None,
+                         adapter: Adapter | None = None) -> RequestHandle:
         """Queue an embedding of `prompt`: its handle yields one unit-length float32 vector, the
         mean over the prompt's tokens of the final norm's output. Read in chunks beside the
         running streams, as prompts are."""
@@ -329,7 +340,8 @@ class Engine:
         check_prompt(prompt, self.model.config.vocab_size, self.model.ctx)
         handle = RequestHandle(loop)
         handle.prompt_tokens = len(prompt)
-        self._queue(_Request(prompt, SamplingParams(), 0, frozenset(), None, handle, embedding=True))
+        self.model.adapter_index(adapter)
+        self._queue(_Request(prompt, SamplingParams(), 0, frozenset(), None, handle, embedding=True, adapter=adapter))
         return handle
 
     def _queue(self, request: _Request) -> None:
@@ -455,7 +467,7 @@ class Engine:
         seq = _Sequence(request, slot, cache, np.random.default_rng(request.params.seed))
         try:
             whole = request.embedding or request.prompt_logprobs is not None  # every prompt row is read
-            seq.read = 0 if whole else self.prefix.load(request.prompt, cache)
+            seq.read = 0 if whole else self.prefix.load(request.prompt, cache, request.prefix_root)
             request.handle.cached_tokens = seq.read
             self.stats.cached_tokens += seq.read
             if request.prompt_logprobs is not None:
@@ -489,8 +501,10 @@ class Engine:
         """One batched step: rows for each decoding sequence (its last token, then any tokens
         speculation proposes after it), then prompt rows of the prefilling ones in admission order,
         up to the step's share."""
+        if any(s.request.adapter is not None for s in self._running):
+            self._drop_unloaded_adapters()
         decoding = [s for s in self._running if not s.prefilling]
-        tokens, positions, slots, logit_rows = [], [], [], []
+        tokens, positions, slots, logit_rows, adapters = [], [], [], [], []
         drafts = self._draft_proposals(decoding) if self.draft is not None else [[] for _ in decoding]
         cost = self._row_cost.of(len(decoding))  # prompt lookup weighs its tokens at a checked row's cost
         drafts = [s.lookup.propose(self._room(s), cost) if s.lookup is not None else draft for s, draft in zip(decoding, drafts)]
@@ -500,6 +514,7 @@ class Engine:
             for i, token in enumerate([s.last, *draft]):
                 logit_rows.append(len(tokens))
                 tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
+            adapters += [s.request.adapter] * (1 + len(draft))
         decode_rows = len(tokens)
         budget = self._prefill_rows(decode_rows)
         chunks = []  # (sequence, first row, rows, its first row of logits)
@@ -517,6 +532,7 @@ class Engine:
             tokens += s.request.prompt[s.read : s.read + n]
             positions += range(s.read, s.read + n)
             slots += [s.slot] * n
+            adapters += [s.request.adapter] * n
             budget -= n
         hidden = None
         if any(s.request.embedding for s, _, _, _ in chunks):
@@ -526,7 +542,8 @@ class Engine:
         try:
             for s, draft in zip(decoding, drafts):
                 s.cache.reserve(1 + len(draft))
-            logits = self.model.step(tokens, positions, slots, self.pool, logit_rows, hidden=hidden)
+            logits = self.model.step(tokens, positions, slots, self.pool, logit_rows, hidden=hidden,
+                                     adapters=[self.model.adapter_index(a) for a in adapters] if self.model.adapters else None)
         except MiniLLMError as e:
             for s in self._running:
                 self._fail(s, e)
@@ -552,6 +569,13 @@ class Engine:
                 keep.discard(id(s))
         self._running = [s for s in self._running if id(s) in keep]
 
+    def _drop_unloaded_adapters(self) -> None:
+        """End, with an error, the sequences whose LoRA adapter was unloaded while they ran."""
+        held = {id(a) for a in self.model.adapters}
+        for s in [s for s in self._running if s.request.adapter is not None and id(s.request.adapter) not in held]:
+            self._running.remove(s)
+            self._fail(s, GenerationError(f"LoRA adapter {s.request.adapter.name!r} was unloaded while this request ran"))
+
     def _read_prompt_rows(self, s: _Sequence, first: int, n: int, logits: np.ndarray, at: int, hidden: np.ndarray | None) -> bool:
         """After a step that read n prompt rows of `s` (its rows from `first`, its logits from row
         `at`): what they give (an embedding's outputs, a scored prompt's logprobs) and, when the
@@ -567,7 +591,7 @@ class Engine:
         if s.request.embedding:
             self._end_embedding(s)
             return False
-        self.prefix.store(s.request.prompt, s.cache)  # for requests that share this prompt, even now
+        self.prefix.store(s.request.prompt, s.cache, s.request.prefix_root)  # for requests that share this prompt, even now
         self.model.release_outside_windows(s.cache)
         if s.scored is not None:
             s.request.handle.prompt_logprobs, s.scored = s.scored, None
@@ -749,7 +773,7 @@ class Engine:
 
     def _end(self, seq: _Sequence, reason: str) -> bool:
         if not seq.prefilling and not seq.request.embedding:  # the next turn of a chat resends it
-            self.prefix.store(seq.request.prompt + seq.generated, seq.cache)
+            self.prefix.store(seq.request.prompt + seq.generated, seq.cache, seq.request.prefix_root)
         self.pool.release(seq.slot)
         if reason == "cancelled":
             self.stats.cancelled += 1

@@ -23,11 +23,13 @@ import numpy as np
 from .. import kernels as K
 from ..errors import ConfigError, GenerationError, UsageError
 from ..kernels.forward import forward
-from ..kernels.forward_types import MATRIX_KINDS
+from ..kernels.forward_types import LORA, MATRIX_KINDS
+from ..kernels.lora import LORA_BF16, LORA_F16, LORA_F32, LORA_FIELDS, LORA_NEXT
 from ..kernels.steps import STEPS, step_kernels
 from ..kernels.jit import CompileNotice, DirectCall, array_key
 from ..loading.checkpoint import Linear, Weights, load_checkpoint
 from ..loading.config import ModelConfig, RopeScaling
+from ..loading.lora import Adapter, widened
 from ..memory import CACHE_LINE, aligned_zeros, lazy_zeros
 from .cache import KVCache, kv_bytes_per_token, kv_format
 from .threads import StepTimer, ThreadTuner
@@ -212,6 +214,7 @@ class Model:
         self.widest_window = cfg.widest_window
         self._lock = KERNEL_LOCK
         self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows)
+        self.adapters: tuple[Adapter, ...] = ()  # a row's adapter is its index here (set_adapters)
         self._rows = 0
         self._grow(min(PREFILL_CHUNK, self.ctx))
         self._call = DirectCall(forward)
@@ -224,7 +227,7 @@ class Model:
         if rows <= self._rows:
             return
         self._ws = workspace(self.config, rows, self.ctx)
-        self._tokens, self._positions, self._slots, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(4))
+        self._tokens, self._positions, self._slots, self._logit_rows, self._adapters = (np.zeros(rows, np.int64) for _ in range(5))
         self._logits = step_buffer((rows, self.config.vocab_size), np.float32, 31)
         self._rows = rows
 
@@ -238,12 +241,27 @@ class Model:
         assert state == K.forward_state_type, f"the forward pass's state has type {state}, not {K.forward_state_type}"
         kv = "" if self.kv_dtype == "float32" else f" ({self.kv_dtype} KV cache)"
         with CompileNotice(f"the forward pass{kv}", jobs=2) as notice:
-            cfg = self.config
-            self._kernel_weights.steps[:] = step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks,
-                                                         clamped=cfg.hidden_act == "clamped_swiglu")
+            self._kernel_weights.steps[:] = self._step_kernels()
             notice.step()
             self._run(rows, k, k.copy())
             notice.step()
+
+    def _step_kernels(self) -> np.ndarray:
+        cfg = self.config
+        return step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks, clamped=cfg.hidden_act == "clamped_swiglu",
+                            lora=bool(self.adapters))
+
+    def set_adapters(self, adapters) -> None:
+        """The LoRA adapters rows may use (minillm.loading.lora), adapter i for a row of adapter
+        index i; the base weights stay as they are. Replaces the previous set."""
+        adapters = tuple(adapters)
+        tables = lora_tables(self.config, adapters, self._kernel_weights)
+        with self._lock:
+            self.adapters = adapters
+            if adapters and not self._kernel_weights.steps[LORA]:
+                with CompileNotice("the LoRA step", jobs=1):
+                    self._kernel_weights.steps[:] = self._step_kernels()
+            self._kernel_weights = self._kernel_weights._replace(**tables)
 
     @classmethod
     def load(
@@ -264,7 +282,7 @@ class Model:
     # ------------------------------------------------------------------ entry points
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False, hidden: np.ndarray | None = None,
-                experts: np.ndarray | None = None) -> np.ndarray:
+                experts: np.ndarray | None = None, adapter: Adapter | None = None) -> np.ndarray:
         """Run `tokens` after what `cache` holds; returns logits (T, V) or (V,) for the last token.
 
         The returned (V,) array is a workspace buffer, overwritten by the next call.
@@ -272,6 +290,7 @@ class Model:
         embedding and after every layer, then the final norm's output (for `compare --per-layer`).
         experts: optional (L, T, k) int64 array that receives each sparse layer's chosen experts
         per token, ascending (a mixture of experts' router, compared the same way).
+        adapter: one of self.adapters to run with (set_adapters), or None.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = len(tokens)
@@ -290,7 +309,8 @@ class Model:
                 rows = self._step_rows(tokens[start : start + n], np.arange(pos0 + start, pos0 + start + n), np.zeros(n, np.int64), wanted,
                                        logits=out[start : start + n] if all_logits else None,
                                        hidden=None if hidden is None else np.empty((hidden.shape[0], n, hidden.shape[2]), np.float32),
-                                       experts=None if experts is None else np.zeros((experts.shape[0], n, experts.shape[2]), np.int64))
+                                       experts=None if experts is None else np.zeros((experts.shape[0], n, experts.shape[2]), np.int64),
+                                       adapters=np.full(n, self.adapter_index(adapter), np.int64))
                 self._run(rows, cache.k[None].view(np.uint8), cache.v[None].view(np.uint8))
                 if hidden is not None:
                     hidden[:, start : start + n] = rows.hidden
@@ -312,32 +332,44 @@ class Model:
             c.length += 1
         return logits
 
-    def step(self, tokens, positions, slots, pool, logit_rows=None, hidden: np.ndarray | None = None) -> np.ndarray:
+    def step(self, tokens, positions, slots, pool, logit_rows=None, hidden: np.ndarray | None = None, adapters=None) -> np.ndarray:
         """Any rows in one step: row t is token tokens[t] at position positions[t] of the sequence
         in slot slots[t] of `pool`; a sequence's rows come together, at consecutive positions.
         Returns the logits of logit_rows (default: every row), (G, V), a workspace buffer. The
-        caller advances its caches' lengths. hidden: as in `forward`, for every row."""
+        caller advances its caches' lengths. hidden: as in `forward`, for every row. adapters: each
+        row's LoRA adapter (an index of self.adapters, -1 for none; default none)."""
         T = len(tokens)
         with self._lock:
             self._grow(T)
             wanted = T if logit_rows is None else len(logit_rows)
             rows = self._step_rows(np.asarray(tokens, np.int64), np.asarray(positions, np.int64), np.asarray(slots, np.int64), wanted,
-                                   logit_rows=logit_rows, hidden=hidden)
+                                   logit_rows=logit_rows, hidden=hidden, adapters=adapters)
             self._run(rows, pool.k_bytes, pool.v_bytes)
             return rows.logits
 
     # ------------------------------------------------------------------ internals
 
-    def _step_rows(self, tokens, positions, slots, wanted: int, logits=None, hidden=None, logit_rows=None, experts=None) -> "K.Rows":
+    def adapter_index(self, adapter: Adapter | None) -> int:
+        """A row's adapter number in the forward pass: -1 for the base model."""
+        if adapter is None:
+            return -1
+        for i, held in enumerate(self.adapters):
+            if held is adapter:
+                return i
+        raise GenerationError(f"LoRA adapter {adapter.name!r} is not loaded on this model")
+
+    def _step_rows(self, tokens, positions, slots, wanted: int, logits=None, hidden=None, logit_rows=None, experts=None,
+                   adapters=None) -> "K.Rows":
         """The Rows of a step in this model's buffers: logits for the last `wanted` rows (or for
         logit_rows), into `logits` (default: the model's buffer)."""
         T = len(tokens)
         self._tokens[:T], self._positions[:T], self._slots[:T] = tokens, positions, slots
+        self._adapters[:T] = -1 if adapters is None else adapters
         self._logit_rows[:wanted] = np.arange(T - wanted, T) if logit_rows is None else logit_rows
         return K.Rows(
             tokens=self._tokens[:T], positions=self._positions[:T], slots=self._slots[:T], logit_rows=self._logit_rows[:wanted],
             logits=self._logits[:wanted] if logits is None else logits, hidden=NO_HIDDEN if hidden is None else hidden,
-            experts=NO_EXPERTS if experts is None else experts,
+            experts=NO_EXPERTS if experts is None else experts, adapters=self._adapters[:T],
         )
 
     def _run(self, rows: "K.Rows", k: np.ndarray, v: np.ndarray) -> None:
@@ -452,7 +484,68 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         logit_scale=f(cfg.logits_scaling),
         centered_norm=cfg.layer_norm,
         parallel=cfg.parallel_block,
+        **lora_tables(cfg, (), None),
     )
+
+
+def lora_tables(cfg: ModelConfig, adapters: tuple[Adapter, ...], w: "K.ModelWeights | None") -> dict:
+    """ModelWeights' LoRA fields for `adapters` on the model whose kernel weights are `w`
+    (kernels.lora): each update on the matrix whose output it adds to, at the column it starts
+    (a fused qkv_proj's update spans q | k | v, which are side by side in the step's rows; a fused
+    gate_up_proj's is cut in two; Qwen2-MoE's shared-expert gate is the router's last column),
+    its A and B^T in the precision the file holds them, each on a cache line."""
+    if not adapters:
+        return dict(lora_map=np.zeros((0, 0), np.int64), lora_entries=np.zeros((0, LORA_FIELDS), np.int64), lora_scale=np.zeros(0, np.float32),
+                    lora_data=np.zeros(0, np.uint8))
+    lora_map = np.full((len(adapters), w.matrices.shape[0]), -1, np.int64)
+    entries, scales, data = [], [], []
+    size = 0  # bytes so far
+    kinds = dict(zip(("q", "k", "v", "o", "gate", "up", "down"), range(MATRIX_KINDS)))
+
+    def place(values: np.ndarray) -> int:
+        """values' bytes appended on a cache line; their first element's index in their kind."""
+        nonlocal size
+        pad = -size % CACHE_LINE
+        data.extend((np.zeros(pad, np.uint8), np.ascontiguousarray(values).view(np.uint8).ravel()))
+        size += pad + values.nbytes
+        return (size - values.nbytes) // values.itemsize
+
+    def add(index: int, m: int, col: int, a: np.ndarray, b: np.ndarray, scale: float) -> None:
+        if a.dtype != b.dtype:
+            a, b = widened(a), widened(b)
+        r, K = a.shape
+        entries.append([place(a), place(b.T), r, K, b.shape[0], col, -1, LORA_KINDS[a.dtype.str]])
+        scales.append(scale)
+        e, last = len(entries) - 1, lora_map[index, m]
+        if last < 0:
+            lora_map[index, m] = e
+            return
+        while entries[last][LORA_NEXT] >= 0:
+            last = entries[last][LORA_NEXT]
+        entries[last][LORA_NEXT] = e
+
+    for index, adapter in enumerate(adapters):
+        for u in adapter.updates:
+            layer = MATRIX_KINDS * u.layer
+            if u.kind in kinds:
+                add(index, layer + kinds[u.kind], 0, u.a, u.b, u.scale)
+            elif u.kind == "qkv":
+                add(index, layer + kinds["q"], 0, u.a, u.b, u.scale)
+            elif u.kind == "gate_up":
+                half = u.b.shape[0] // 2
+                add(index, layer + kinds["gate"], 0, u.a, u.b[:half], u.scale)
+                add(index, layer + kinds["up"], 0, u.a, u.b[half:], u.scale)
+            elif u.kind == "shared_gate":
+                add(index, int(w.router[u.layer]), cfg.num_experts, u.a, u.b, u.scale)
+            else:  # the LM head
+                add(index, MATRIX_KINDS * cfg.num_hidden_layers + 1, 0, u.a, u.b, u.scale)
+    lora_data = aligned_zeros((size + -size % CACHE_LINE,), np.uint8)  # each kind's view aligned
+    lora_data[:size] = np.concatenate(data)
+    return dict(lora_map=lora_map, lora_entries=np.array(entries, np.int64), lora_scale=np.array(scales, np.float32), lora_data=lora_data)
+
+
+# an update's stored precision (its arrays' dtype: bfloat16 is held as its uint16 bits) -> kernels.lora's kind
+LORA_KINDS = {"<f4": LORA_F32, "<f2": LORA_F16, "<u2": LORA_BF16}
 
 
 # config.json's hidden_act -> kernels.swiglu's gated activation

@@ -88,10 +88,12 @@ class PrefixCache:
     def blocks_used(self) -> int:
         return len(self._lru)
 
-    def load(self, tokens: Sequence[int], cache: KVCache) -> int:
+    def load(self, tokens: Sequence[int], cache: KVCache, root=0) -> int:
         """Fill an empty `cache` with the longest cached prefix of `tokens`, leaving at least one
-        token to prefill (its logits start generation); returns the number of tokens loaded."""
-        blocks = self._lookup(tokens, len(tokens) - 1)
+        token to prefill (its logits start generation); returns the number of tokens loaded.
+        root: whose keys and values (0: the base model's; a LoRA adapter's key, Adapter.key, for
+        rows computed with it: its chains are its own, and kept in memory only)."""
+        blocks = self._lookup(tokens, len(tokens) - 1, root)
         while blocks and not all(self._whole[b] for b in blocks[max(0, len(blocks) * BLOCK_TOKENS + 1 - self.window) // BLOCK_TOKENS :]):
             blocks.pop()  # the next query's window would reach positions this block lacks
         for i, block in enumerate(blocks):
@@ -103,9 +105,9 @@ class PrefixCache:
         self.hits += cache.length
         return cache.length
 
-    def store(self, tokens: Sequence[int], cache: KVCache) -> None:
-        """Keep the full blocks of `tokens` whose keys and values `cache` holds."""
-        parent, chain = 0, []
+    def store(self, tokens: Sequence[int], cache: KVCache, root=0) -> None:
+        """Keep the full blocks of `tokens` whose keys and values `cache` holds (root: as in load)."""
+        parent, chain = root, []
         for i in range(min(len(tokens), cache.length) // BLOCK_TOKENS):
             at = slice(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
             key = (parent, tuple(int(t) for t in tokens[at]))
@@ -126,8 +128,8 @@ class PrefixCache:
         for block in reversed(chain):  # the root most recent, as in _lookup
             self._lru.move_to_end(block)
 
-    def _lookup(self, tokens: Sequence[int], limit: int) -> list[int]:
-        blocks, parent = [], 0
+    def _lookup(self, tokens: Sequence[int], limit: int, root=0) -> list[int]:
+        blocks, parent = [], root
         for i in range(max(0, limit) // BLOCK_TOKENS):
             block = self._index.get((parent, tuple(int(t) for t in tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS])))
             if block is None:

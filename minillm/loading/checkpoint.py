@@ -189,7 +189,7 @@ def load_checkpoint(
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a model directory or GGUF file")
     dtype = dtype or "float32"
-    cfg, owner, shapes = _checked_directory(source)
+    cfg, owner, shapes = checked_directory(source)
 
     def vector(name: str) -> np.ndarray:
         arr = np.array(owner[name].float32(name), dtype=np.float32)  # small: a private copy
@@ -242,7 +242,7 @@ def load_checkpoint(
     return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked, transposed, mxfp4)
 
 
-def _checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
+def checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
     """An HF directory's config, the shard holding each tensor, and the tensors' expected shapes,
     checked against each other (a mixture of experts' layout found from the names)."""
     cfg = ModelConfig.from_file(source / "config.json")

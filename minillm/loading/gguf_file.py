@@ -30,7 +30,7 @@ from .tensor_names import check_tensor_set, expected_shapes, rope_halves_order
 # Tensors that hold RoPE settings rather than weights: read into the config.
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # ggml types that run on the float32 and bfloat16 kernels when a file holds nothing else
-GGML_F32, GGML_BF16 = 0, 30
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 FLOAT_TYPES = {GGML_F32: np.float32, GGML_BF16: np.uint16}  # BF16 as bits
 
 

@@ -173,12 +173,14 @@ def _widen(arr: np.ndarray, dtype: str, path: Path, name: str) -> np.ndarray:
     raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, not a float type")
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None,
+                      dtypes: dict[str, str] | None = None) -> None:
     """Write `tensors` as a safetensors file whose tensor data start on 64-byte boundaries, so the
     loader runs them from the map in place (checkpoint.on_cache_lines copies misaligned ones).
     The header is padded with spaces, as the format allows, to put the data on a boundary;
     tensors whose size is a multiple of 64 bytes come first, in the given order, so each of them
-    stays on one. The safetensors library pads to 8 bytes only."""
+    stays on one. The safetensors library pads to 8 bytes only. dtypes: a tensor's stored type
+    where its array's does not say it (BF16, held as uint16 bits)."""
     names = {d: name for name, d in DTYPES.items() if name != "BF16"}  # BF16 is viewed as uint16
     order = sorted(tensors, key=lambda n: tensors[n].nbytes % CACHE_LINE != 0)  # stable: given order kept within each
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
@@ -187,7 +189,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
         arr = tensors[name]
         if arr.dtype not in names:
             raise ValueError(f"{name}: dtype {arr.dtype} has no safetensors name here")
-        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [position, position + arr.nbytes]}
+        header[name] = {"dtype": (dtypes or {}).get(name, names[arr.dtype]), "shape": list(arr.shape), "data_offsets": [position, position + arr.nbytes]}
         position += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-(8 + len(raw)) % CACHE_LINE)

@@ -359,6 +359,17 @@ class DetokenizeRequest(StrictModel):
     tokens: list[int]
 
 
+class LoadLoraRequest(StrictModel):
+    """vLLM's /v1/load_lora_adapter."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoraRequest(StrictModel):
+    lora_name: str = Field(min_length=1)
+
+
 class EmbeddingRequest(StrictModel):
     model: str | None = None
     input: Union[str, list[str], list[int], list[list[int]]]

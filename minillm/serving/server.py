@@ -48,8 +48,10 @@ from .openai_protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    LoadLoraRequest,
     SamplingRequest,
     TokenizeRequest,
+    UnloadLoraRequest,
     engine_error,
 )
 from .anthropic import MessageRun, MessagesRequest, TokenCountRequest, error_body
@@ -382,6 +384,33 @@ class Service:
     def model_object(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "minillm"}
 
+    def model_objects(self) -> list[dict]:
+        """/v1/models: the model, then each LoRA adapter with the model as its parent (vLLM's way)."""
+        adapters = [{"id": name, "object": "model", "created": self.created, "owned_by": "minillm", "parent": self.model_name,
+                     "root": str(adapter.path)} for name, adapter in self.adapters.items()]
+        return [self.model_object(), *adapters]
+
+    @property
+    def adapters(self) -> dict:
+        return getattr(self.llm, "adapters", None) or {}  # a cluster's replicas hold none
+
+    def adapter_for(self, name: str | None):
+        """The LoRA adapter a request's `model` names (vLLM's convention), or None for the model
+        itself. With adapters loaded, a name that is neither is a 404 rather than the base model's
+        answer to a misspelt adapter."""
+        adapters = self.adapters
+        if not name or name == self.model_name or not adapters:
+            return None
+        if name not in adapters:
+            raise APIError(404, f"the model {name!r} does not exist; this server runs {self.model_name!r} and the LoRA adapters "
+                           f"{', '.join(adapters)}", type="not_found_error", param="model", code="model_not_found")
+        return adapters[name]
+
+    def served_name(self, name: str | None) -> str:
+        """The model id a reply names: the adapter's when the request chose one."""
+        adapter = self.adapter_for(name)
+        return self.model_name if adapter is None else adapter.name
+
     async def parse(self, request: Request, schema: type[T]) -> T:
         """The body as `schema` (a 400 naming the field otherwise), read here, parsed off the loop;
         503 while the model loads (the Gate has checked the key and the declared size)."""
@@ -556,11 +585,13 @@ class Service:
             reader = ReplyReader(self.tokenizer, self.reasoning, prompt_ids, body.stops())
         else:
             reader = PlainReader(self.tokenizer, body.stops())
+        adapter = self.adapter_for(body.model)
+        chosen = {} if adapter is None else {"adapter": adapter}  # a cluster's engines take no adapter
         try:
             handle = self.llm.engine.submit(
                 prompt_ids, params, body.token_budget, () if body.ignore_eos else self.llm.eos_ids,
                 body.engine_logprobs, loop=asyncio.get_running_loop(), fit_max_tokens=True, constraint=constraint,
-                prompt_logprobs=body.prompt_logprobs, prediction=prediction,
+                prompt_logprobs=body.prompt_logprobs, prediction=prediction, **chosen,
             )
         except QueueFullError as e:
             raise queue_full(e) from None
@@ -568,7 +599,7 @@ class Service:
             raise APIError(400, str(e), param=e.param, code="context_length_exceeded") from None
         except MiniLLMError as e:
             raise APIError(400, str(e), param="prompt") from None
-        return Generation(handle, reader, len(prompt_ids), id_prefix, self.model_name)
+        return Generation(handle, reader, len(prompt_ids), id_prefix, self.model_name if adapter is None else adapter.name)
 
     def metrics_text(self) -> str:
         engine = self.llm.engine
@@ -640,7 +671,34 @@ def create_app(llm: LLM | None, model_name: str, api_key: str | None = None, opt
     _add_chat_route(app, service)
     _add_responses_routes(app, service)
     _add_messages_routes(app, service)
+    if options.allow_runtime_lora:
+        _add_lora_routes(app, service)
     return app
+
+
+def _add_lora_routes(app: FastAPI, service: Service) -> None:
+    """vLLM's runtime LoRA endpoints (--allow-runtime-lora: a client names a path on this
+    machine): an adapter loaded is a model clients can name at once; unloaded, requests running
+    with it end with an error, others go on."""
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        body = await service.parse(request, LoadLoraRequest)
+        if body.lora_name == service.model_name or body.lora_name in service.adapters:
+            raise APIError(400, f"the LoRA adapter {body.lora_name!r} has already been loaded", param="lora_name")
+        try:
+            await asyncio.to_thread(service.llm.load_adapter, body.lora_path, body.lora_name)
+        except MiniLLMError as e:
+            raise APIError(400, str(e), param="lora_path") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        body = await service.parse(request, UnloadLoraRequest)
+        if body.lora_name not in service.adapters:
+            raise APIError(404, f"the LoRA adapter {body.lora_name!r} cannot be found", type="not_found_error", param="lora_name")
+        await asyncio.to_thread(service.llm.unload_adapter, body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 def _add_service_routes(app: FastAPI, service: Service) -> None:
@@ -662,15 +720,16 @@ def _add_service_routes(app: FastAPI, service: Service) -> None:
     @app.get("/v1/models")
     async def models():
         service.require_ready()
-        return {"object": "list", "data": [service.model_object()]}
+        return {"object": "list", "data": service.model_objects()}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         service.require_ready()
-        if model_id != model_name:
-            raise APIError(404, f"the model {model_id!r} does not exist; this server runs {model_name!r}",
-                           type="not_found_error", param="model", code="model_not_found")
-        return service.model_object()
+        for entry in service.model_objects():
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(404, f"the model {model_id!r} does not exist; this server runs {model_name!r}",
+                       type="not_found_error", param="model", code="model_not_found")
 
     @app.get("/metrics")
     async def metrics():
@@ -724,8 +783,6 @@ def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
 
 
 def _add_embeddings_route(app: FastAPI, service: Service) -> None:
-    model_name = service.model_name
-
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         body = await service.parse(request, EmbeddingRequest)
@@ -747,14 +804,15 @@ def _add_embeddings_route(app: FastAPI, service: Service) -> None:
                     raise APIError(400, str(e), param="input") from None
             return prompts
 
+        adapter = service.adapter_for(body.model)
         prompts = await asyncio.to_thread(tokenize_all)
-        vectors = await until_disconnected(request, _embed(service, prompts))
+        vectors = await until_disconnected(request, _embed(service, prompts, adapter))
         if isinstance(vectors, Response):
             return vectors
-        return oai.embedding_list(vectors, model_name, sum(map(len, prompts)), body.encoding_format)
+        return oai.embedding_list(vectors, service.served_name(body.model), sum(map(len, prompts)), body.encoding_format)
 
 
-async def _embed(service: Service, prompts: list[list[int]]):
+async def _embed(service: Service, prompts: list[list[int]], adapter=None):
     """Each prompt's embedding, read by the engine beside the running streams; cancelled, every
     unfinished one leaves the engine."""
     engine = service.llm.engine
@@ -764,7 +822,7 @@ async def _embed(service: Service, prompts: list[list[int]]):
 
     async def one(ids):
         try:
-            handle = engine.submit_embedding(ids, loop=loop)
+            handle = engine.submit_embedding(ids, loop=loop, **({} if adapter is None else {"adapter": adapter}))
         except QueueFullError as e:
             raise queue_full(e) from None
         try:
@@ -898,7 +956,7 @@ def _add_responses_routes(app: FastAPI, service: Service) -> None:
         try:
             chat, prepared = await asyncio.to_thread(service.prepare_converted, lambda: body.chat_request(history))
             run = ResponseRun(body, service.start_choices(prepared, chat, "resp").gens[0], prepared.tools, history,
-                              service.model_name, service.token_text, service.responses)
+                              service.served_name(body.model), service.token_text, service.responses)
         except APIError as e:
             raise in_request_terms(e) from None
         return await _run_reply(request, body.stream, run)
@@ -922,7 +980,7 @@ def _add_messages_routes(app: FastAPI, service: Service) -> None:
     async def messages(request: Request):
         body = await service.parse(request, MessagesRequest)
         chat, prepared = await asyncio.to_thread(service.prepare_converted, body.chat_request)
-        run = MessageRun(service.start_choices(prepared, chat, "msg").gens[0], prepared.tools, service.model_name)
+        run = MessageRun(service.start_choices(prepared, chat, "msg").gens[0], prepared.tools, service.served_name(body.model))
         return await _run_reply(request, body.stream, run)
 
     @app.post("/v1/messages/count_tokens")
