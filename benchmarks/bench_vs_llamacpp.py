@@ -178,9 +178,10 @@ def ensure_llama_cpp() -> None:
 
 
 def converter() -> Path:
-    """convert_hf_to_gguf.py (with its gguf-py and conversion/ folders) from the sdist."""
+    """convert_hf_to_gguf.py and convert_lora_to_gguf.py (with their gguf-py and conversion/
+    folders) from the sdist."""
     root = CACHE / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
-    if (root / "convert_hf_to_gguf.py").exists():
+    if (root / "convert_hf_to_gguf.py").exists() and (root / "convert_lora_to_gguf.py").exists():
         return root
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
@@ -190,7 +191,8 @@ def converter() -> Path:
     with tarfile.open(sdist) as tar:
         members = [
             m for m in tar.getmembers()
-            if m.name == prefix + "convert_hf_to_gguf.py" or m.name.startswith(prefix + "gguf-py/") or m.name.startswith(prefix + "conversion/")
+            if m.name in (prefix + "convert_hf_to_gguf.py", prefix + "convert_lora_to_gguf.py") or m.name.startswith(prefix + "gguf-py/")
+            or m.name.startswith(prefix + "conversion/")
         ]
         tar.extractall(CACHE, members=members, filter="data")
     return root
