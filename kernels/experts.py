@@ -9,19 +9,20 @@ import numpy as np
 from numba import njit
 
 from .forward_types import (
-    EXPERT_LINEAR, FROM_GATE, FROM_XE, FROM_XN, GATE, GATE_ROWS, JOB_GATE, JOB_UP, JOB_XE, MATRIX_KINDS, MLP_PART, ONE, P_ROWS,
-    P_WHICH, P_WIDTH, PARALLEL_ROWS, TO_ROUTER, ALWAYS,
+    EXPERT_LINEAR, EXPERT_LORA, FROM_GATE, FROM_XE, FROM_XN, GATE, GATE_ROWS, JOB_GATE, JOB_UP, JOB_XE, MATRIX_KINDS, MLP_PART, ONE,
+    P_COUNT, P_LORA, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_ROWS, TO_ROUTER, ALWAYS,
 )
 from .jit import EXACT_MATH, rows_view
 from .step_calls import prepare_and_claim, row_step, run_linear, run_mlp, run_step
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def moe_layer(l, T, w, ws, state):
+def moe_layer(l, T, w, ws, adapters, state):
     """proj[:T] = layer l's mixture of experts of xn[:T]: the router's top k per row (_route);
     the rows gathered expert by expert (_gather), so that every chosen expert's gate and up run
     in one parallel region, each over its own rows, and then every down; each row adds its
     experts' outputs times their weights in ascending expert order; then the shared expert,
-    scaled by the sigmoid of its gate, where the layer has one."""
+    scaled by the sigmoid of its gate, where the layer has one. adapters: each row's LoRA
+    adapter (rows.adapters), whose updates on the experts follow each expert matrix."""
     E, r, k = w.experts, w.router[l], w.experts_per_token
     ws.params[P_ROWS] = T
     run_linear(FROM_XN, ONE, r, r, r, TO_ROUTER, w, ws, state)
@@ -30,7 +31,7 @@ def moe_layer(l, T, w, ws, state):
             for e in range(E):
                 ws.route[t, e] += w.router_bias[l, e]
     _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w.norm_topk, w.topk_softmax)
-    n, R = _gather(ws, T, E, r)
+    n, R = _gather(ws, T, E, r, adapters)
     width = w.matrices[r + 1, 1]
     ws.params[P_ROWS], ws.params[P_WIDTH] = R, width
     _expert_linear(FROM_XE, n, w, ws, state)
@@ -85,10 +86,14 @@ def _add_expert_bias(ws, bias, l, r, n, width):
 @njit(cache=True, _nrt=False)
 def _expert_linear(source, n, w, ws, state):
     """The n expert jobs of ws.jobs in one parallel region (expert_linear_step), their input
-    (source: xe, or the gate rows) prepared once for all of them per Operand."""
+    (source: xe, or the gate rows) prepared once for all of them per Operand; then the rows'
+    LoRA updates on them (expert_lora_step) when a row of the step has an adapter."""
     ws.params[P_WHICH] = source
     prepare_and_claim(ws.jobs[:, 0], n, w, ws, state)
     run_step(EXPERT_LINEAR, ALWAYS, w, ws, state)
+    if ws.params[P_LORA]:
+        ws.params[P_COUNT] = n
+        run_step(EXPERT_LORA, ALWAYS, w, ws, state)
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
@@ -162,10 +167,10 @@ def _taken(ids, e):
 
 
 @njit(cache=True, _nrt=False)
-def _gather(ws, T, E, r):
+def _gather(ws, T, E, r, adapters):
     """The T rows' choices gathered expert by expert: each chosen expert's rows of xn copied to
-    consecutive rows of xe (ascending), place[t, j] the row of row t's choice j; its gate and up
-    matrices as jobs. Returns (jobs, rows of xe)."""
+    consecutive rows of xe (ascending), place[t, j] the row of row t's choice j (and its row's
+    LoRA adapter in xe_adapter); its gate and up matrices as jobs. Returns (jobs, rows of xe)."""
     n = 0
     row = 0
     for e in range(E):
@@ -174,6 +179,8 @@ def _gather(ws, T, E, r):
             for j in range(ws.chosen.shape[1]):
                 if ws.chosen[t, j] == e:
                     ws.place[t, j] = row
+                    if ws.params[P_LORA]:
+                        ws.xe_adapter[row] = adapters[t]
                     for c in range(ws.xn.shape[1]):
                         ws.xe[row, c] = ws.xn[t, c]
                     row += 1

@@ -41,8 +41,8 @@ ALWAYS = np.bool_(True)
 
 # The steps (kernels.steps.STEPS, in this order), each a compiled kernel called by address; then
 # the parallel region that runs one over the threads.
-LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR, LORA = (_n(i) for i in range(10))
-PARALLEL_REGION = 10
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR, LORA, EXPERT_LORA = (_n(i) for i in range(11))
+PARALLEL_REGION = 11
 
 
 class Rows(NamedTuple):
@@ -142,6 +142,7 @@ class Workspace(NamedTuple):
     chosen_weight: np.ndarray  # (R, k) float32: their weights
     place: np.ndarray  # (R, k) int64: the row of xe that holds each choice
     jobs: np.ndarray  # (2 E, 4) int64: the expert matrices a step runs: matrix, first row of xe, rows, output (JOB_*)
+    xe_adapter: np.ndarray  # (R k,) int64: the LoRA adapter of each row of xe (its row's), when a row of the step has one
 
 
 # Their Numba types, fixed whatever the model (a format changes addresses, not types): the forward
@@ -157,7 +158,7 @@ MODEL_WEIGHTS_TYPE = types.NamedTuple(
      _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
-                                   _F2, _F2, _F2, _I2, _F2, _I2, _I2], Workspace)
+                                   _F2, _F2, _F2, _I2, _F2, _I2, _I2, _I1], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
 
 

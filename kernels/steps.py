@@ -84,13 +84,15 @@ def lora_step(t, threads, state):
     """Thread t's share of the LoRA updates on the matrices the linear step before it ran (the
     same ws.params): each row adds its adapter's updates (rows.adapters) to what the base matrix
     wrote; a row of the base model (-1) adds nothing. The updates are tasks dealt to the threads
-    in turn: one matrix's update for a group of consecutive rows of one adapter (kernels.lora),
+    in turn (_lora_update): one matrix's update for a group of consecutive rows of one adapter,
     and for a few rows (a decode) one part of its columns per thread, so the adapter's matrices
     are read at both cores' bandwidth."""
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     p = ws.params
     T, n, target = p[P_ROWS], p[P_COUNT], p[P_OUTPUT]
     x = _source_rows(ws, p[P_WHICH], T)
+    q_dim = ws.att.shape[1]
+    kv_dim = (ws.qkv.shape[1] - q_dim) // 2
     parts = threads if T < PARALLEL_ROWS else 1
     task = 0
     r0 = 0
@@ -103,9 +105,49 @@ def lora_step(t, threads, state):
             for j in range(n):
                 e = w.lora_map[a, p[P_MATRIX + j]]
                 while e >= 0:
-                    task = _lora_tasks(t, threads, task, parts, rows, w, ws, x, target, j, e, r0, r1)
+                    if target == TO_QKV:
+                        out, col = ws.qkv[r0:r1], (0, q_dim, q_dim + kv_dim)[j]
+                    elif target == TO_GATE_UP:
+                        out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH])[r0:r1], 0
+                    elif target == TO_LOGITS:
+                        out, col = rows.logits[r0:r1], 0
+                    elif target == TO_ROUTER:
+                        out, col = ws.route[r0:r1], 0
+                    else:
+                        out, col = ws.proj[r0:r1], 0
+                    col += w.lora_entries[e, LORA_COL]
+                    task = _lora_update(t, threads, task, parts, out[:, col : col + w.lora_entries[e, LORA_OUT]], x[r0:r1], w, e, ws.scratch[t])
                     e = w.lora_entries[e, LORA_NEXT]
         r0 = r1
+
+
+def expert_lora_step(t, threads, state):
+    """Thread t's share of the LoRA updates on the expert jobs just run (ws.jobs, P_COUNT of
+    them): each gathered row of a job adds its row's adapter's update (ws.xe_adapter) on that
+    expert's matrix, as lora_step does for the other matrices."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    p = ws.params
+    n, source, width = p[P_COUNT], p[P_WHICH], p[P_WIDTH]
+    parts = threads if p[P_ROWS] < PARALLEL_ROWS else 1
+    task = 0
+    for j in range(n):
+        m, first, count, target = ws.jobs[j, 0], ws.jobs[j, 1], ws.jobs[j, 2], ws.jobs[j, 3]
+        x = ws.xe[first : first + count] if source == FROM_XE else rows_view(ws.gate[0][first * width :], count, width)
+        if target == JOB_XE:
+            out = ws.xe[first : first + count]
+        else:
+            out = rows_view((ws.gate if target == JOB_GATE else ws.up)[0][first * width :], count, width)
+        r0 = 0
+        while r0 < count:
+            a = ws.xe_adapter[first + r0]
+            r1 = r0 + 1
+            while r1 < count and r1 - r0 < ROW_GROUP and ws.xe_adapter[first + r1] == a:
+                r1 += 1
+            e = w.lora_map[a, m] if a >= 0 else -1
+            while e >= 0:
+                task = _lora_update(t, threads, task, parts, out[r0:r1], x[r0:r1], w, e, ws.scratch[t])
+                e = w.lora_entries[e, LORA_NEXT]
+            r0 = r1
 
 
 @njit(inline="always", _nrt=False)
@@ -122,38 +164,25 @@ def _part_start(N, part, parts):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _lora_tasks(t, threads, task, parts, rows, w, ws, x, target, j, e, r0, r1):
-    """Update e on rows r0..r1 of x, in column parts and groups that fit the scratch: the tasks
-    numbered from `task` on, thread t running those that are its turn; returns the next number."""
-    entries, p = w.lora_entries, ws.params
+def _lora_update(t, threads, task, parts, out, x, w, e, scratch):
+    """Update e on the rows of x into out (its columns of the base output), in column parts and
+    in groups that fit the scratch: the tasks numbered from `task` on, thread t running those
+    that are its turn; returns the next number."""
+    entries = w.lora_entries
     N, rank = entries[e, LORA_OUT], entries[e, LORA_RANK]
-    T = p[P_ROWS]
-    q_dim = ws.att.shape[1]
-    kv_dim = (ws.qkv.shape[1] - q_dim) // 2
-    group = max(1, ws.scratch.shape[1] // (rank + 64))  # rows whose A x and a chunk of B (A x) fit the scratch
-    for g0 in range(r0, r1, group):
-        g1 = min(r1, g0 + group)
+    group = max(1, scratch.shape[0] // (rank + 64))  # rows whose A x and a chunk of B (A x) fit the scratch
+    for g0 in range(0, x.shape[0], group):
+        g1 = min(x.shape[0], g0 + group)
         for part in range(parts):
             if task % threads == t:
-                if target == TO_QKV:
-                    out, col = ws.qkv[g0:g1], (0, q_dim, q_dim + kv_dim)[j]
-                elif target == TO_GATE_UP:
-                    out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH])[g0:g1], 0
-                elif target == TO_LOGITS:
-                    out, col = rows.logits[g0:g1], 0
-                elif target == TO_ROUTER:
-                    out, col = ws.route[g0:g1], 0
-                else:
-                    out, col = ws.proj[g0:g1], 0
                 c0, c1 = _part_start(N, part, parts), _part_start(N, part + 1, parts)
-                col += entries[e, LORA_COL]
-                out, a0, b0 = out[:, col + c0 : col + c1], entries[e, LORA_A], entries[e, LORA_B] + c0
+                o, a0, b0 = out[g0:g1, c0:c1], entries[e, LORA_A], entries[e, LORA_B] + c0
                 if entries[e, LORA_KIND] == LORA_F16:
-                    lora_rows(out, x[g0:g1], w.lora_data.view(np.int16), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+                    lora_rows(o, x[g0:g1], w.lora_data.view(np.int16), a0, b0, rank, N, w.lora_scale[e], scratch)
                 elif entries[e, LORA_KIND] == LORA_BF16:
-                    lora_rows(out, x[g0:g1], w.lora_data.view(np.uint16), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+                    lora_rows(o, x[g0:g1], w.lora_data.view(np.uint16), a0, b0, rank, N, w.lora_scale[e], scratch)
                 else:
-                    lora_rows(out, x[g0:g1], w.lora_data.view(np.float32), a0, b0, rank, N, w.lora_scale[e], ws.scratch[t])
+                    lora_rows(o, x[g0:g1], w.lora_data.view(np.float32), a0, b0, rank, N, w.lora_scale[e], scratch)
             task += 1
     return task
 
@@ -187,7 +216,7 @@ def experts_step(t, threads, state):
     dense model's forward pass never compiles it."""
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
-    moe_layer(l, T, w, ws, state)
+    moe_layer(l, T, w, ws, rows.adapters, state)
     if rows.experts.shape[0] > 0:
         for t in range(T):
             for j in range(ws.chosen.shape[1]):
@@ -299,7 +328,7 @@ def parallel_region(step, threads, state):
 # (2-core AVX2 machine).
 
 STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step,
-         lora_step)
+         lora_step, expert_lora_step)
 MOE_STEPS = (experts_step, expert_linear_step)  # compiled only for a mixture of experts
 assert len(STEPS) == PARALLEL_REGION  # in the order of forward_types' step numbers
 
@@ -390,7 +419,7 @@ def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool 
     plain, with_sinks, qkv = KV_STEPS[kv_format]
     chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate_step_clamped if clamped else gate_step}
     steps = [chosen.get(step, step) for step in STEPS]
-    unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()))
+    unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()), *((expert_lora_step,) if not (lora and experts) else ()))
     return np.array([0 if step in unused else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
 
 

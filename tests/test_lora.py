@@ -69,6 +69,9 @@ CASES = {
                                dict(r=8, lora_alpha=16, target_modules="all-linear", rank_pattern={"o_proj": 2, r"shared_expert\.up_proj": 12},
                                     alpha_pattern={"k_proj": 3})),
     "phi3-fused": (dict(arch="phi3"), dict(r=8, lora_alpha=16, target_modules="all-linear")),
+    # all-linear on experts held as parameters: peft's target_parameters (router, gate_up_proj at twice the rank, down_proj)
+    "qwen3_moe-experts": (dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32), dict(r=4, target_modules="all-linear")),
+    "mixtral-experts": (dict(arch="mixtral", num_local_experts=4, num_experts_per_tok=2), dict(r=8, target_modules="all-linear", use_rslora=True)),
     "ernie4_5-pairs-rope": (dict(arch="ernie4_5"), dict(r=8, lora_alpha=16, target_modules="all-linear")),
 }
 
@@ -111,10 +114,13 @@ def test_prefill_then_decode_with_an_adapter_equals_one_pass(adapted):
         np.testing.assert_array_equal(model.forward(TOKENS[t : t + 1], cache, adapter=adapter), whole[t])
 
 
-@pytest.fixture(scope="module")
-def two_adapters(tmp_path_factory):
+@pytest.fixture(scope="module", params=["llama", "qwen3_moe"])
+def two_adapters(request, tmp_path_factory):
+    """Two adapters on one base: a Llama, or a mixture of experts whose `style` adapter updates
+    its experts too (a step's expert rows then mix adapters and the base)."""
     path = tmp_path_factory.mktemp("two")
-    base = make_checkpoint(path / "base", tie_word_embeddings=False)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32) if request.param == "qwen3_moe" else {}
+    base = make_checkpoint(path / "base", arch=request.param, tie_word_embeddings=False, **moe)
     expected = {None: hf_logits(base, TOKENS)}
     for name, seed, options in (("style", 1, dict(r=8, target_modules="all-linear")), ("task", 2, dict(r=4, target_modules=["q_proj", "v_proj"]))):
         peft_model = make_adapter(path / name, base, seed=seed, **options)
@@ -231,7 +237,9 @@ def _adapter_dir(tmp_path, config: dict, tensors: dict):
     ("alpha", {"lora_alpha": "x"}, {}, "'lora_alpha'"),
     ("pattern", {"rank_pattern": {"q_proj(": 2}}, {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": (4, 48),
                                                    "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": (48, 4)}, "not a regular expression"),
-    ("experts", {"target_parameters": ["gate_up_proj"]}, {}, "mixture of experts"),
+    ("experts-on-dense", {"target_parameters": ["gate_up_proj"]}, {"base_model.model.model.layers.0.mlp.experts.lora_A.weight": (4, 48),
+                                                               "base_model.model.model.layers.0.mlp.experts.lora_B.weight": (144, 4)},
+     "not a mixture of experts' layer"),
 ])
 def test_bad_adapters_are_one_clear_error(tmp_path, case, config, tensors, message):
     base = tmp_path / "base"
@@ -312,24 +320,29 @@ def test_a_half_precision_adapter_runs_as_stored(tmp_path, dtype):
         np.testing.assert_array_equal(model.forward(TOKENS, model.new_cache(), all_logits=True, adapter=from_gguf), got)
 
 
-def test_merge_lora_equals_peft_merge_and_unload(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_merge_lora_equals_peft_merge_and_unload(tmp_path, arch):
     """`minillm merge-lora` (through the CLI's function): every tensor within 1e-5 of what peft's
-    merge_and_unload gives, and the merged checkpoint runs the adapter's logits."""
+    merge_and_unload gives (a dense model; a mixture of experts' experts and router, whose
+    checkpoint stores them per expert, by its logits), and the merged checkpoint runs the
+    adapter's logits."""
     import argparse
 
     from safetensors.numpy import load_file
 
     from minillm.cli import cmd_merge_lora
 
-    base = make_checkpoint(tmp_path / "base", arch="qwen3", tie_word_embeddings=False)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32) if arch == "qwen3_moe" else {}
+    base = make_checkpoint(tmp_path / "base", arch=arch, tie_word_embeddings=False, **moe)
     peft_model = make_adapter(tmp_path / "adapter", base, r=8, lora_alpha=16, target_modules="all-linear", rank_pattern={"v_proj": 3})
     expected_logits = hf_logits(peft_model, TOKENS)
     merged = {name: t.detach().numpy() for name, t in peft_model.merge_and_unload().state_dict().items()}
     cmd_merge_lora(argparse.Namespace(model=str(tmp_path / "base"), lora=[str(tmp_path / "adapter")], out=str(tmp_path / "merged")))
     ours = load_file(str(tmp_path / "merged" / "model.safetensors"))
-    assert set(ours) == set(merged)
-    for name, w in ours.items():
-        np.testing.assert_allclose(w, merged[name], rtol=0, atol=1e-5, err_msg=name)
+    if not moe:
+        assert set(ours) == set(merged)
+        for name, w in ours.items():
+            np.testing.assert_allclose(w, merged[name], rtol=0, atol=1e-5, err_msg=name)
     model = Model.load(tmp_path / "merged")
     assert np.abs(model.forward(TOKENS, model.new_cache(), all_logits=True) - expected_logits).max() <= 2e-4
     assert (tmp_path / "merged" / "config.json").is_file() and not list(tmp_path.glob(".merged*"))

@@ -183,6 +183,7 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
         chosen_weight=np.zeros((moe_rows, k), f),
         place=np.zeros((moe_rows, k), np.int64),
         jobs=np.zeros((2 * E, 4), np.int64),
+        xe_adapter=np.zeros(routed, np.int64),
     )
 
 
@@ -492,8 +493,9 @@ def lora_tables(cfg: ModelConfig, adapters: tuple[Adapter, ...], w: "K.ModelWeig
     """ModelWeights' LoRA fields for `adapters` on the model whose kernel weights are `w`
     (kernels.lora): each update on the matrix whose output it adds to, at the column it starts
     (a fused qkv_proj's update spans q | k | v, which are side by side in the step's rows; a fused
-    gate_up_proj's is cut in two; Qwen2-MoE's shared-expert gate is the router's last column),
-    its A and B^T in the precision the file holds them, each on a cache line."""
+    gate_up_proj's is cut in two; Qwen2-MoE's shared-expert gate is the router's last column; an
+    expert's on its own matrices), its A and B^T in the precision the file holds them, each on a
+    cache line."""
     if not adapters:
         return dict(lora_map=np.zeros((0, 0), np.int64), lora_entries=np.zeros((0, LORA_FIELDS), np.int64), lora_scale=np.zeros(0, np.float32),
                     lora_data=np.zeros(0, np.uint8))
@@ -537,6 +539,11 @@ def lora_tables(cfg: ModelConfig, adapters: tuple[Adapter, ...], w: "K.ModelWeig
                 add(index, layer + kinds["up"], 0, u.a, u.b[half:], u.scale)
             elif u.kind == "shared_gate":
                 add(index, int(w.router[u.layer]), cfg.num_experts, u.a, u.b, u.scale)
+            elif u.kind == "router":
+                add(index, int(w.router[u.layer]), 0, u.a, u.b, u.scale)
+            elif u.kind.startswith("expert_"):  # expert e's gate, up, down follow the router (ModelWeights.router)
+                which = ("expert_gate", "expert_up", "expert_down").index(u.kind)
+                add(index, int(w.router[u.layer]) + 1 + 3 * u.expert + which, 0, u.a, u.b, u.scale)
             else:  # the LM head
                 add(index, MATRIX_KINDS * cfg.num_hidden_layers + 1, 0, u.a, u.b, u.scale)
     lora_data = aligned_zeros((size + -size % CACHE_LINE,), np.uint8)  # each kind's view aligned

@@ -44,10 +44,11 @@ class LoraUpdate:
 
     module: str  # PEFT's module name, "model.layers.3.self_attn.q_proj"
     layer: int  # -1: the LM head
-    kind: str  # q k v o qkv gate up down gate_up shared_gate lm_head
+    kind: str  # q k v o qkv gate up down gate_up shared_gate lm_head; router, expert_gate expert_up expert_down
     a: np.ndarray  # (r, K) as stored: float32, float16, or bfloat16 as uint16 bits (widened() reads any)
     b: np.ndarray  # (N, r) likewise, rows in the order the model holds the base matrix's (rope_halves_order)
     scale: float
+    expert: int = -1  # the expert of an expert_* update
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Adapter:
 
     def scaled(self, factor: float) -> "Adapter":
         """The same adapter with every update's scale times `factor` (llama.cpp's --lora-scaled)."""
-        updates = tuple(LoraUpdate(u.module, u.layer, u.kind, u.a, u.b, u.scale * factor) for u in self.updates)
+        updates = tuple(LoraUpdate(u.module, u.layer, u.kind, u.a, u.b, u.scale * factor, u.expert) for u in self.updates)
         return Adapter(self.name, self.path, updates, self.base_model)
 
 
@@ -101,10 +102,12 @@ def load_adapter(path: str | Path, cfg: ModelConfig, name: str | None = None, sc
     for module, keys in sorted(pairs.items(), key=lambda item: _module_order(item[0])):
         if set(keys) != {"A", "B"}:
             raise CheckpointError(f"{weights}: module {module!r} has lora_{'A' if 'B' in keys else 'B'} missing")
-        r = _pattern_value(settings.get("rank_pattern") or {}, module, settings["r"], path / ADAPTER_CONFIG)
-        alpha = _pattern_value(settings.get("alpha_pattern") or {}, module, settings["lora_alpha"], path / ADAPTER_CONFIG)
-        rank_scale = alpha / math.sqrt(r) if settings.get("use_rslora") else alpha / r
-        updates.append(_update(cfg, shapes, weights, module, _as_stored(f, keys["A"]), _as_stored(f, keys["B"]), r, rank_scale))
+        a, b = _as_stored(f, keys["A"]), _as_stored(f, keys["B"])
+        if re.fullmatch(r"model\.layers\.\d+\.mlp\.(experts(\.base_layer)*|gate)", module):  # PEFT's target_parameters
+            updates += _parameter_updates(cfg, settings, path, module, a, b)
+        else:
+            r, rank_scale = _rank_and_scale(settings, module, path)
+            updates.append(_update(cfg, shapes, weights, module, a, b, r, rank_scale))
     return Adapter(name or path.name, path, tuple(updates), settings.get("base_model_name_or_path")).scaled(scale)
 
 
@@ -161,6 +164,47 @@ def load_gguf_adapter(path: Path, cfg: ModelConfig, name: str | None = None, sca
     return Adapter(name or path.stem, path, tuple(updates), None).scaled(scale)
 
 
+def _rank_and_scale(settings: dict, key: str, path: Path) -> tuple[int, float]:
+    """A module's (or parameter's) rank and scale: rank_pattern and alpha_pattern, rsLoRA."""
+    r = _pattern_value(settings.get("rank_pattern") or {}, key, settings["r"], path / ADAPTER_CONFIG)
+    alpha = _pattern_value(settings.get("alpha_pattern") or {}, key, settings["lora_alpha"], path / ADAPTER_CONFIG)
+    return r, alpha / math.sqrt(r) if settings.get("use_rslora") else alpha / r
+
+
+def _parameter_updates(cfg: ModelConfig, settings: dict, path: Path, module: str, a: np.ndarray, b: np.ndarray) -> list[LoraUpdate]:
+    """PEFT's LoRA on a mixture of experts' parameters (target_parameters, which all-linear picks
+    where experts are parameters): the router (`mlp.gate`, A (r, H), B (E, r)), or the stacked
+    experts' gate_up_proj (E, 2 I, H) or down_proj (E, H, I) (`mlp.experts`, the second one
+    wrapped as `.base_layer`: told apart by shape; patterns match `mlp.experts.gate_up_proj`, and
+    peft doubles gate_up's rank), A (r E, K) holding expert e's A at rows e r.., B (N, r E) its
+    B at columns j E + e, as peft's ParamWrapper reshapes them."""
+    where = path / ADAPTER_WEIGHTS
+    layer = int(module.split(".")[2])
+    H, E, I = cfg.hidden_size, cfg.num_experts, cfg.expert_intermediate_size
+    if not (layer < cfg.num_hidden_layers and cfg.layer_is_sparse(layer)):
+        raise CheckpointError(f"{where}: module {module!r} is not a mixture of experts' layer of this {cfg.architecture} model")
+    if cfg.hidden_act == "clamped_swiglu":  # gpt-oss: experts stored transposed, gate and up interleaved
+        raise CheckpointError(f"{where}: module {module!r}: LoRA on gpt-oss's experts is not supported")
+    if module.endswith(".gate"):
+        r, scale = _rank_and_scale(settings, module + ".weight", path)
+        return [_update(cfg, {module + ".weight": (E, H)}, where, module, a, b, r, scale, kind="router", layer=layer)]
+    experts = module.split(".base_layer")[0]
+    K, N = a.shape[1], b.shape[0]
+    param = {(H, 2 * I): "gate_up_proj", (I, H): "down_proj"}.get((K, N))
+    r, scale = _rank_and_scale(settings, f"{experts}.{param}", path) if param else (0, 0.0)
+    if param is None or a.shape[0] != r * E or b.shape[1] != r * E:
+        raise CheckpointError(f"{where}: module {module!r} has lora_A {list(a.shape)} and lora_B {list(b.shape)}: not a LoRA update of "
+                              f"{E} experts' gate_up_proj [{2 * I}, {H}] or down_proj [{H}, {I}] at the rank adapter_config.json gives")
+    updates = []
+    for e in range(E):
+        a_e, b_e = a[e * r : (e + 1) * r], b.reshape(N, r, E)[:, :, e]
+        parts = (("expert_gate", b_e[:I]), ("expert_up", b_e[I:])) if (K, N) == (H, 2 * I) else (("expert_down", b_e),)
+        for kind, rows in parts:
+            updates.append(_update(cfg, {module + ".weight": rows.shape[:1] + (K,)}, where, module, np.ascontiguousarray(a_e),
+                                   np.ascontiguousarray(rows), r, scale, kind=kind, layer=layer, expert=e))
+    return updates
+
+
 def _as_stored(f: SafetensorsFile, name: str) -> np.ndarray:
     """A tensor in the precision the file holds it where the forward pass reads that precision
     (float32; float16; bfloat16 as its bits), else widened to float32; a copy."""
@@ -189,7 +233,6 @@ def _adapter_config(path: Path) -> dict:
     if settings.get("peft_type", "LORA") != "LORA":
         raise CheckpointError(f"{path}: peft_type {settings['peft_type']!r} is not supported (LORA only)")
     refused = {"use_dora": "DoRA", "lora_bias": "LoRA biases", "layer_replication": "layer replication",
-               "target_parameters": "LoRA on parameters (a mixture of experts' experts and router, as PEFT targets them with all-linear)",
                "modules_to_save": "modules_to_save (whole replaced modules)", "trainable_token_indices": "trainable tokens"}
     for name, what in refused.items():
         if settings.get(name):
@@ -223,9 +266,13 @@ def _module_order(module: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else 1 << 30, module)
 
 
-def _update(cfg: ModelConfig, shapes: dict, where: Path, module: str, a: np.ndarray, b: np.ndarray, r: int, scale: float) -> LoraUpdate:
-    """One module's update of rank r, b's rows in HF's order, checked against the base matrix it updates."""
-    if module == "lm_head":
+def _update(cfg: ModelConfig, shapes: dict, where: Path, module: str, a: np.ndarray, b: np.ndarray, r: int, scale: float,
+            kind: str | None = None, layer: int = -1, expert: int = -1) -> LoraUpdate:
+    """One module's update of rank r, b's rows in HF's order, checked against the base matrix it
+    updates (shapes[module + ".weight"]; kind and layer given for a parameter's update)."""
+    if kind is not None:
+        base = shapes[module + ".weight"]
+    elif module == "lm_head":
         layer, kind = -1, "lm_head"
         base = (cfg.vocab_size, cfg.hidden_size)
     else:
@@ -247,7 +294,7 @@ def _update(cfg: ModelConfig, shapes: dict, where: Path, module: str, a: np.ndar
     order = rope_halves_order(cfg, module.rsplit(".", 1)[-1] + ".weight", N)  # q and k rows as the model holds them
     if order is not None:
         b = b[order]
-    return LoraUpdate(module, layer, kind, a, b, float(scale))
+    return LoraUpdate(module, layer, kind, a, b, float(scale), expert)
 
 
 def parse_lora_spec(text: str) -> tuple[str | None, str, float]:

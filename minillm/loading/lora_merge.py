@@ -15,7 +15,7 @@ from ..errors import CheckpointError, UsageError
 from .checkpoint import checked_directory
 from .lora import combined, load_adapter, widened
 from .safetensors_io import write_safetensors
-from .tensor_names import rope_halves_order
+from .tensor_names import STACKED_DOWN, STACKED_GATE_UP, expert_matrix, moe_prefix, rope_halves_order, router_name
 
 
 def merge_lora(model_dir: str | Path, adapters: list[tuple[str, float]], out_dir: str | Path) -> Path:
@@ -32,13 +32,14 @@ def merge_lora(model_dir: str | Path, adapters: list[tuple[str, float]], out_dir
     for u in adapter.updates:
         if u.kind == "lm_head" and cfg.tie_word_embeddings:
             raise CheckpointError(f"{u.module}: the LM head is tied to the embeddings here; merging its update would change both")
-        name = ("lm_head" if u.kind == "lm_head" else u.module) + ".weight"
+        name, at = _merged_tensor(cfg, owner, u)
         a, b = widened(u.a), widened(u.b)
         order = rope_halves_order(cfg, name, b.shape[0])
         if order is not None:
-            b = b[np.argsort(order)]  # back in the checkpoint's row order
-        delta = (b @ a) * np.float32(u.scale)
-        deltas[name] = deltas[name] + delta if name in deltas else delta
+            b = np.ascontiguousarray(b[np.argsort(order)])  # back in the checkpoint's row order
+        if name not in deltas:
+            deltas[name] = np.zeros(owner[name].tensors[name].shape, np.float32)
+        deltas[name][at] += (b @ a) * np.float32(u.scale)
     tmp = out_dir.with_name(f".{out_dir.name}.merging")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -62,6 +63,26 @@ def merge_lora(model_dir: str | Path, adapters: list[tuple[str, float]], out_dir
     return out_dir
 
 
+def _merged_tensor(cfg, owner: dict, u) -> tuple[str, tuple]:
+    """The checkpoint tensor an update changes, and where in it: a module's weight; a router's;
+    an expert's matrix, per expert or in the experts' stacked tensors (gate rows then up)."""
+    if u.kind == "lm_head":
+        return "lm_head.weight", ()
+    if u.kind == "router":
+        return next(n for n in (router_name(cfg, u.layer), router_name(cfg, u.layer, stacked=True)) if n in owner), ()
+    if u.kind.startswith("expert_"):
+        kind = u.kind.removeprefix("expert_")
+        name = expert_matrix(cfg, u.layer, u.expert, kind)
+        if name in owner:
+            return name, ()
+        I = cfg.expert_intermediate_size
+        stacked = moe_prefix(cfg, u.layer, stacked=True) + (STACKED_DOWN if kind == "down" else STACKED_GATE_UP)
+        if stacked not in owner or cfg.hidden_act == "clamped_swiglu":
+            raise CheckpointError(f"{u.module}: this checkpoint's experts are not stored as per-expert or stacked (E, 2 I, H) matrices")
+        return stacked, (u.expert,) if kind == "down" else (u.expert, slice(0, I) if kind == "gate" else slice(I, 2 * I))
+    return u.module + ".weight", ()
+
+
 def _merged(w: np.ndarray, delta: np.ndarray, stored: str) -> np.ndarray:
     """w + delta in float32, in the stored dtype (BF16 as its bits, rounded to nearest even)."""
     total = w + delta
@@ -70,7 +91,8 @@ def _merged(w: np.ndarray, delta: np.ndarray, stored: str) -> np.ndarray:
     if stored == "F16":
         return total.astype(np.float16)
     if stored == "BF16":
-        bits = np.empty(total.shape, np.uint16)
-        K.to_bf16(bits, np.ascontiguousarray(total))
-        return bits
+        rows = np.ascontiguousarray(total).reshape(-1, total.shape[-1])  # experts' stacked matrices as rows
+        bits = np.empty(rows.shape, np.uint16)
+        K.to_bf16(bits, rows)
+        return bits.reshape(total.shape)
     raise CheckpointError(f"a weight stored as {stored} cannot take a LoRA update (F32, F16 or BF16 only)")
