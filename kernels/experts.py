@@ -1,8 +1,10 @@
 """A mixture of experts' layer, run from the forward pass's experts step: the router's top k
-per row (its kinds: softmax then top k, renormalised or not; gpt-oss's top k logits under their own
-softmax), the rows gathered expert by expert so each chosen expert's matrices run once over all
-its rows in one parallel region, each row's experts summed in ascending expert order whatever
-else is in the step, then the shared expert where the layer has one.
+per row (its kinds: softmax or sigmoid scores then the top k, renormalised or not, chosen by the
+scores or by the scores plus a selection bias, among the best groups of experts; gpt-oss's top k
+logits under their own softmax), the rows gathered expert by expert so each chosen expert's
+matrices run once over all its rows in one parallel region, each row's experts summed in
+ascending expert order whatever else is in the step, then the shared expert where the layer has
+one (under the sigmoid of its gate, or as it is).
 """
 
 import numpy as np
@@ -10,7 +12,7 @@ from numba import njit
 
 from .forward_types import (
     EXPERT_LINEAR, EXPERT_LORA, FROM_GATE, FROM_XE, FROM_XN, GATE, GATE_ROWS, JOB_GATE, JOB_UP, JOB_XE, MATRIX_KINDS, MLP_PART, ONE,
-    P_COUNT, P_LORA, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_ROWS, TO_ROUTER, ALWAYS,
+    P_COUNT, P_LORA, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_ROWS, SIGMOID_ROUTER, TO_ROUTER, TOPK_SOFTMAX_ROUTER, ALWAYS,
 )
 from .jit import EXACT_MATH, rows_view
 from .step_calls import prepare_and_claim, row_step, run_linear, run_mlp, run_step
@@ -20,9 +22,10 @@ def moe_layer(l, T, w, ws, adapters, state):
     """proj[:T] = layer l's mixture of experts of xn[:T]: the router's top k per row (_route);
     the rows gathered expert by expert (_gather), so that every chosen expert's gate and up run
     in one parallel region, each over its own rows, and then every down; each row adds its
-    experts' outputs times their weights in ascending expert order; then the shared expert,
-    scaled by the sigmoid of its gate, where the layer has one. adapters: each row's LoRA
-    adapter (rows.adapters), whose updates on the experts follow each expert matrix."""
+    experts' outputs times their weights in ascending expert order; then the shared expert where
+    the layer has one, scaled by the sigmoid of its gate when the router has a row for it.
+    adapters: each row's LoRA adapter (rows.adapters), whose updates on the experts follow each
+    expert matrix."""
     E, r, k = w.experts, w.router[l], w.experts_per_token
     ws.params[P_ROWS] = T
     run_linear(FROM_XN, ONE, r, r, r, TO_ROUTER, w, ws, state)
@@ -30,7 +33,7 @@ def moe_layer(l, T, w, ws, adapters, state):
         for t in range(T):
             for e in range(E):
                 ws.route[t, e] += w.router_bias[l, e]
-    _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w.norm_topk, w.topk_softmax)
+    _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w, w.selection_bias[l])  # (0,) without one
     n, R = _gather(ws, T, E, r, adapters)
     width = w.matrices[r + 1, 1]
     ws.params[P_ROWS], ws.params[P_WIDTH] = R, width
@@ -56,8 +59,9 @@ def moe_layer(l, T, w, ws, adapters, state):
     shared = MATRIX_KINDS * l + GATE
     if w.matrices[shared, 1] > 0:
         run_mlp(FROM_XN, shared, T, w, ws, state)
+        gated = w.matrices[r, 1] > E  # Qwen2-MoE: the shared expert's gate is the router's last row
         for t in range(T):
-            g = np.float32(1) / (np.float32(1) + np.exp(-ws.route[t, E]))
+            g = np.float32(1) / (np.float32(1) + np.exp(-ws.route[t, E])) if gated else np.float32(1)
             for c in range(proj.shape[1]):
                 proj[t, c] = moe[t, c] + g * proj[t, c]
     else:
@@ -97,16 +101,19 @@ def _expert_linear(source, n, w, ws, state):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _route(route, E, chosen, chosen_weight, norm_topk, topk_softmax):
-    """Each row's top k experts by softmax probability over the E logits in route[t, :E] (ties
-    to the lower index), their probabilities renormalised to sum to 1 when norm_topk, as
-    transformers' routers; or with topk_softmax (gpt-oss) the top k logits, weighted by their
-    own softmax. Then held in ascending expert order, the order a row sums them in. route[t, :E]
-    becomes the probabilities (topk_softmax: stays the logits)."""
+def _route(route, E, chosen, chosen_weight, w, selection):
+    """Each row's top k experts (ties to the lower index) and their weights, held in ascending
+    expert order, the order a row sums them in. route[t, :E] holds the logits and becomes the
+    scores: a softmax over them, or each one's sigmoid (SIGMOID_ROUTER); experts are chosen by
+    score, or by score + selection (the selection bias) in route[t, E + 1:], among the
+    w.router_group_topk best of w.router_groups groups; each chosen expert weighs its score,
+    renormalised when w.norm_topk (the sum at least w.norm_min; a sigmoid router's sum + 1e-20, as
+    transformers writes both), times w.routed_scale. TOPK_SOFTMAX_ROUTER (gpt-oss): the top k
+    logits, weighted by their own softmax (route[t, :E] stays the logits)."""
     k = chosen.shape[1]
     for t in range(route.shape[0]):
         p = route[t, :E]
-        if topk_softmax:
+        if w.router_kind == TOPK_SOFTMAX_ROUTER:
             _top_k(p, chosen[t], chosen_weight[t], E)
             top = chosen_weight[t, 0]  # the largest, first
             total = np.float32(0)
@@ -117,23 +124,82 @@ def _route(route, E, chosen, chosen_weight, norm_topk, topk_softmax):
                 chosen_weight[t, j] /= total
             _ascending(chosen[t], chosen_weight[t])
             continue
-        top = p[0]
-        for e in range(1, E):
-            top = max(top, p[e])
-        total = np.float32(0)
-        for e in range(E):
-            p[e] = np.exp(p[e] - top)
-            total += p[e]
-        for e in range(E):
-            p[e] /= total
-        _top_k(p, chosen[t], chosen_weight[t], E)
-        if norm_topk:
+        if w.router_kind == SIGMOID_ROUTER:
+            for e in range(E):
+                p[e] = np.float32(1) / (np.float32(1) + np.exp(-p[e]))
+        else:
+            _softmax(p)
+        by = p
+        if selection.shape[0] > 0 or w.router_groups > 1:
+            by = route[t, E + 1 : 2 * E + 1]
+            for e in range(E):
+                by[e] = p[e] + selection[e] if selection.shape[0] > 0 else p[e]
+            if w.router_groups > 1:
+                _keep_best_groups(by, w.router_groups, w.router_group_topk)
+        _top_k(by, chosen[t], chosen_weight[t], E)
+        for j in range(k):
+            chosen_weight[t, j] = p[chosen[t, j]]
+        if w.norm_topk:
             kept = np.float32(0)
             for j in range(k):
                 kept += chosen_weight[t, j]
+            if w.router_kind == SIGMOID_ROUTER:
+                kept += np.float32(1e-20)
+            kept = max(kept, w.norm_min)
             for j in range(k):
                 chosen_weight[t, j] /= kept
+        if w.routed_scale != 1:
+            for j in range(k):
+                chosen_weight[t, j] *= w.routed_scale
         _ascending(chosen[t], chosen_weight[t])
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _softmax(p):
+    top = p[0]
+    for e in range(1, p.shape[0]):
+        top = max(top, p[e])
+    total = np.float32(0)
+    for e in range(p.shape[0]):
+        p[e] = np.exp(p[e] - top)
+        total += p[e]
+    for e in range(p.shape[0]):
+        p[e] /= total
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _keep_best_groups(by, groups, keep):
+    """by (E,): -inf outside the `keep` groups of E / groups consecutive experts whose two best
+    scores sum highest (ties to the lower group), as DeepSeek-V3's and GLM-4.5's routers mask them.
+    The keep-th best group is found first; a group's score reads only its own experts, so masking
+    one group after that leaves the others' scores as they were."""
+    size = by.shape[0] // groups
+    last_score, last = np.float32(np.inf), -1
+    for _ in range(keep):  # the next group in (score descending, group ascending) order
+        best_score, best = np.float32(-np.inf), -1
+        for g in range(groups):
+            score = _group_score(by, g, size)
+            after_last = score < last_score or (score == last_score and g > last)
+            if after_last and (best < 0 or score > best_score):
+                best_score, best = score, g
+        last_score, last = best_score, best
+    for g in range(groups):
+        score = _group_score(by, g, size)
+        if score < last_score or (score == last_score and g > last):
+            for e in range(g * size, (g + 1) * size):
+                by[e] = -np.inf
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def _group_score(by, g, size):
+    """The sum of group g's two best scores."""
+    first, second = np.float32(-np.inf), np.float32(-np.inf)
+    for e in range(g * size, (g + 1) * size):
+        if by[e] > first:
+            first, second = by[e], first
+        elif by[e] > second:
+            second = by[e]
+    return first + second
 
 
 @njit(cache=True, _nrt=False)

@@ -37,6 +37,9 @@ FROM_XN, FROM_ATT, FROM_GATE, FROM_XE = _n(0), _n(1), _n(2), _n(3)
 TO_QKV, TO_PROJ, TO_GATE_UP, TO_LOGITS, TO_ROUTER = _n(0), _n(1), _n(2), _n(3), _n(4)
 JOB_GATE, JOB_UP, JOB_XE = 0, 1, 2  # where an expert job writes: gate, up (its rows), xe (its rows)
 ONE, TWO, THREE = _n(1), _n(2), _n(3)  # matrices read from one input
+# a mixture of experts' router (ModelWeights.router_kind): a softmax over all experts, then the top k;
+# the top k logits under their own softmax (gpt-oss); or each expert's sigmoid, then the top k (GLM-4.5)
+SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER, SIGMOID_ROUTER = 0, 1, 2
 ALWAYS = np.bool_(True)
 
 # The steps (kernels.steps.STEPS, in this order), each a compiled kernel called by address; then
@@ -98,8 +101,13 @@ class ModelWeights(NamedTuple):
     experts: int  # E, experts per sparse layer (0: a dense model)
     experts_per_token: int  # the router's top k
     norm_topk: bool  # the top k weights renormalised to sum to 1
-    topk_softmax: bool  # the top k by logit, their weights the softmax of those k logits (gpt-oss)
+    router_kind: int  # kernels.experts: SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER (gpt-oss) or SIGMOID_ROUTER (GLM-4.5)
     router_bias: np.ndarray  # (L, E) added to the router's logits, or (L, 0)
+    selection_bias: np.ndarray  # (L, E) added to the scores for choosing experts only (e_score_correction_bias), or (L, 0)
+    router_groups: int  # the experts in this many groups, of which a row chooses among the best router_group_topk
+    router_group_topk: int
+    routed_scale: float  # the chosen experts' weights times this (routed_scaling_factor)
+    norm_min: float  # the renormalising sum is at least this (Ernie 4.5's moe_norm_min; else 0)
     expert_gate_up_bias: np.ndarray  # (L, E, 2 I) each expert's gate | up bias (gpt-oss), or (0, 0, 0)
     expert_down_bias: np.ndarray  # (L, E, H) each expert's down bias, or (0, 0, 0)
     sinks: np.ndarray  # (L, nh) each head's attention sink logit (gpt-oss), or (L, 0)
@@ -137,7 +145,7 @@ class Workspace(NamedTuple):
     # a mixture of experts' buffers ((0, 0) in a dense model)
     moe: np.ndarray  # (R, H) the routed experts' weighted sum
     xe: np.ndarray  # (R k, H) the rows each chosen expert runs, gathered from xn expert by expert; then their outputs
-    route: np.ndarray  # (R, E + 1) the router's logits, then probabilities; the shared expert's gate last
+    route: np.ndarray  # (R, 2 E + 1) the router's logits, then scores; the shared expert's gate; the scores experts are chosen by
     chosen: np.ndarray  # (R, k) int64: each row's experts, ascending
     chosen_weight: np.ndarray  # (R, k) float32: their weights
     place: np.ndarray  # (R, k) int64: the row of xe that holds each choice
@@ -155,7 +163,7 @@ ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3, _I1], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
-     _I1, types.int64, types.int64, types.boolean, types.boolean, _F2, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
+     _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2, _I1], Workspace)

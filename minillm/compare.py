@@ -154,13 +154,14 @@ def layer_metrics(ours: np.ndarray, theirs: np.ndarray, threshold: float) -> dic
 # ------------------------------------------------------------------ compare
 
 
-def router_metrics(ours: np.ndarray, router_logits, sparse_layers: list[int]) -> list[dict]:
+def router_metrics(ours: np.ndarray, chosen, sparse_layers: list[int]) -> list[dict]:
     """Per sparse layer: the share of tokens routed to the same set of experts as transformers'
-    router chose (its top k logits), and the share of single choices in common."""
+    router chose (`chosen`: its (T, k) expert indices per sparse layer), and the share of single
+    choices in common."""
     out = []
-    for layer, logits in zip(sparse_layers, router_logits):
+    for layer, theirs in zip(sparse_layers, chosen):
         k = ours.shape[2]
-        theirs = np.sort(np.argsort(-np.asarray(logits, np.float64), axis=-1, kind="stable")[:, :k], axis=-1)
+        theirs = np.sort(np.asarray(theirs).reshape(-1, k), axis=-1)
         mine = ours[layer]
         same = (mine == theirs).all(-1)
         common = np.mean([len(set(a) & set(b)) / k for a, b in zip(mine.tolist(), theirs.tolist())])
@@ -170,7 +171,9 @@ def router_metrics(ours: np.ndarray, router_logits, sparse_layers: list[int]) ->
 
 def hf_hidden_states(oracle, tokens: Sequence[int]):
     """transformers' logits and hidden states at the same stages as Model.forward(hidden=...),
-    and the routers' logits of a mixture of experts (a tuple, one per sparse layer; else ())."""
+    and the experts each router chose (a list of (T, k) indices, one per sparse layer; else []):
+    its routers return (logits, weights, indices), and the indices are what it chose, whatever
+    scores, biases or groups it chose them by."""
     torch = _torch()
     inner = (oracle.get_base_model() if hasattr(oracle, "peft_config") else oracle).model  # peft's wraps transformers'
     captured: dict = {}
@@ -186,15 +189,17 @@ def hf_hidden_states(oracle, tokens: Sequence[int]):
     for i, layer in enumerate(inner.layers):
         handles.append(layer.register_forward_hook(keep(i + 1)))
     handles.append(inner.norm.register_forward_hook(keep(len(inner.layers) + 1)))
-    moe = bool(getattr(oracle.config, "num_local_experts", 0) or getattr(oracle.config, "num_experts", 0))
+    chosen = []
+    for name, module in inner.named_modules():
+        if type(module).__name__.lower().endswith("router"):  # in layer order
+            handles.append(module.register_forward_hook(lambda module, args, output: chosen.append(output[-1].detach().numpy().copy())))
     try:
         with torch.no_grad():
-            out = oracle(torch.tensor([list(tokens)]), **({"output_router_logits": True} if moe else {}))
+            out = oracle(torch.tensor([list(tokens)]))
     finally:
         for h in handles:
             h.remove()
-    routers = tuple(r.reshape(len(tokens), -1).float().numpy() for r in (out.router_logits or ())) if moe else ()
-    return out.logits[0].float().numpy(), np.stack([captured[i] for i in range(len(inner.layers) + 2)]), routers
+    return out.logits[0].float().numpy(), np.stack([captured[i] for i in range(len(inner.layers) + 2)]), chosen
 
 
 def compare(

@@ -16,7 +16,8 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "OlmoeForCausalLM": "olmoe",
              "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
              "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
-             "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2"}
+             "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
+             "Glm4MoeForCausalLM": "glm4moe"}
 PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
@@ -48,7 +49,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)  # split: gguf-split's NAME-0000i-of-0000N.gguf
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
-    w.add_block_count(L)
+    nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
+    w.add_block_count(L + nextn)  # GLM-4.5's converter counts its multi-token prediction layers
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
@@ -62,14 +64,28 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.add_rope_freq_base(full.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if "sliding_attention" in rope:
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("moe_num_experts") or cfg.get("n_routed_experts")
     if experts:
         w.add_expert_count(experts)
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg["moe_k"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch == "ernie4_5-moe":  # as its converter (its shared width: intermediate_size / kv heads, unread)
+        w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+        w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+        w.add_expert_shared_count(cfg["moe_num_shared_experts"])
+        w.add_expert_shared_feed_forward_length(cfg["intermediate_size"] // kv_heads)
+    if arch == "glm4moe":  # as its converter
+        from gguf import ExpertGatingFuncType
+
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_nextn_predict_layers(nextn)
     if arch == "gpt-oss":  # as its converter: the expert width, the window, YaRN
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
         w.add_sliding_window(cfg["sliding_window"])
@@ -126,11 +142,14 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             gate, up = tensors.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), tensors.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
             tensors[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
+    written = {}  # GGUF name -> (data, quantization type or None)
     for hf, t in tensors.items():
         t = t.astype(np.float32)
         base, suffix = hf.rsplit(".", 1)
         if suffix == "sinks":  # gpt-oss: the converter names it attn_sinks.weight
             base, suffix = hf, "weight"
+        elif suffix == "e_score_correction_bias":  # the converter writes it as exp_probs_b.bias
+            base, suffix = hf[: -len("_bias")], "bias"
         name = f"{names.get_name(base)}.{suffix}"
         if base.endswith("experts.gate_up_proj"):  # newer than gguf-py's tables for these architectures
             name = f"blk.{base.split('.')[2]}.ffn_gate_up_exps.{suffix}"
@@ -147,8 +166,18 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             q = quantize(t, kind) if kind not in NO_QUANTIZER else random_blocks(
                 kind, int(np.prod(t.shape[:-1])), t.shape[-1], scale=float(np.abs(t).mean())).reshape(*t.shape[:-1], -1)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+            written[name] = (q, kind)
         else:
             w.add_tensor(name, np.ascontiguousarray(t))
+            written[name] = (np.ascontiguousarray(t), None)
+    for layer in range(L, L + nextn):  # GLM-4.5's multi-token prediction layer: a whole layer (here the last one's
+        # tensors again) and its own; transformers skips it, so does minillm
+        for name, (data, kind) in list(written.items()):
+            if name.startswith(f"blk.{L - 1}."):
+                w.add_tensor(f"blk.{layer}." + name.split(".", 2)[2], data, raw_shape=data.shape, raw_dtype=kind)
+        w.add_tensor(f"blk.{layer}.nextn.eh_proj.weight", np.zeros((H, 2 * H), np.float32))
+        for norm in ("enorm", "hnorm", "shared_head_norm"):
+            w.add_tensor(f"blk.{layer}.nextn.{norm}.weight", np.ones(H, np.float32))
     if full.get("rope_type") == "longrope":
         w.add_tensor("rope_factors_long.weight", np.array(full["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], np.float32))

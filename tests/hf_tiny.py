@@ -23,7 +23,8 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
     )
-    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe", "seed_oss", "ernie4_5", "exaone4", "glm4", "cohere2"):  # their defaults name ids of a real vocabulary
+    if arch in ("smollm3", "phi3", "gemma2", "gemma3", "olmoe", "seed_oss", "ernie4_5", "exaone4", "glm4", "cohere2",
+                "ernie4_5_moe", "glm4_moe"):  # their defaults name ids of a real vocabulary
         base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     base.update(overrides)
     config_cls, model_cls = {
@@ -50,6 +51,8 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "granitemoe": (tf.GraniteMoeConfig, tf.GraniteMoeForCausalLM),
         "cohere2": (tf.Cohere2Config, tf.Cohere2ForCausalLM),
         "ministral": (tf.MinistralConfig, tf.MinistralForCausalLM),
+        "ernie4_5_moe": (tf.Ernie4_5_MoeConfig, tf.Ernie4_5_MoeForCausalLM),
+        "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()
@@ -61,6 +64,9 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
                 p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith(".sinks"):  # gpt-oss: sinks that take a real share of each softmax
                 p.copy_(1.0 + torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # GLM-4.5's selection bias: one that changes choices
+                b.copy_(0.1 * torch.randn_like(b))
     model = model.to(dtype)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kwargs)

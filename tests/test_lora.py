@@ -73,6 +73,13 @@ CASES = {
     "qwen3_moe-experts": (dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32), dict(r=4, target_modules="all-linear")),
     "mixtral-experts": (dict(arch="mixtral", num_local_experts=4, num_experts_per_tok=2), dict(r=8, target_modules="all-linear", use_rslora=True)),
     "ernie4_5-pairs-rope": (dict(arch="ernie4_5"), dict(r=8, lora_alpha=16, target_modules="all-linear")),
+    # a sigmoid router with a selection bias, shared experts without a gate, a dense layer first (peft's all-linear
+    # leaves the shared experts out, as it converts MLP names to the experts' parameters)
+    "glm4_moe-all-linear": (dict(arch="glm4_moe", num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 head_dim=16), dict(r=4, target_modules="all-linear")),
+    # a softmax router choosing by a selection bias (peft's all-linear takes the router and experts here)
+    "ernie4_5_moe-all-linear": (dict(arch="ernie4_5_moe", num_hidden_layers=3, moe_num_experts=8, moe_k=2, moe_intermediate_size=32,
+                                     moe_num_shared_experts=1), dict(r=4, target_modules="all-linear")),
 }
 
 

@@ -1,5 +1,6 @@
 """Mixtures of experts against transformers on tiny random checkpoints: Mixtral, Qwen2-MoE (a
-shared expert), Qwen3-MoE, OLMoE and gpt-oss, with dense layers among sparse ones; decode,
+shared expert), Qwen3-MoE, OLMoE, gpt-oss, Granite MoE, ERNIE 4.5 and GLM-4.5 (selection biases,
+sigmoid scores, groups), with dense layers among sparse ones; decode,
 batched decode and prefill bit for bit; the stacked expert layout; the other precisions; GGUF
 files (gpt-oss's MXFP4 experts too); the errors."""
 
@@ -37,6 +38,17 @@ CASES = {
     # turns (a window of 7 over 40 tokens); YaRN
     "gpt_oss": dict(arch="gpt_oss", num_hidden_layers=3, num_local_experts=6, num_experts_per_tok=3, intermediate_size=32, head_dim=8,
                     sliding_window=7, swiglu_limit=0.1),
+    # ERNIE 4.5: a dense layer first, a softmax router choosing by score + selection bias (moe_statics), the top 3
+    # renormalised, a shared expert added as it is; RoPE on neighbouring pairs
+    "ernie4_5_moe": dict(arch="ernie4_5_moe", num_hidden_layers=3, moe_num_experts=8, moe_k=3, moe_intermediate_size=32,
+                         moe_num_shared_experts=1),
+    # GLM-4.5: a dense layer first, sigmoid scores + selection bias, renormalised and scaled (routed_scaling_factor),
+    # a shared expert; RoPE on the first half of each head
+    "glm4_moe": dict(arch="glm4_moe", num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                     head_dim=16, routed_scaling_factor=2.5),
+    # the best 2 of 4 groups (DeepSeek-V3's routing), q/k norms and biases, two shared experts, every layer sparse
+    "glm4_moe-groups": dict(arch="glm4_moe", num_hidden_layers=3, n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                            n_group=4, topk_group=2, use_qk_norm=True, attention_bias=True, first_k_dense_replace=0, n_shared_experts=2),
     # Granite MoE: the top k logits' own softmax, experts stacked as input_linear/output_linear, Granite's multipliers
     "granitemoe": dict(arch="granitemoe", num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0, attention_multiplier=0.2,
                        residual_multiplier=0.5, logits_scaling=1.5),
@@ -68,7 +80,7 @@ def test_the_router_really_chooses(checkpoint):
     """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
     name, path, oracle = checkpoint
     cfg = ModelConfig.from_file(path / "config.json")
-    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe")))
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe", "glm4_moe-groups")))
     chosen = set()
     with torch.no_grad():
         out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)
@@ -260,6 +272,8 @@ GGUF_CASES = {
     # the limit is llama.cpp's own (the file has no key for it): transformers' default
     "gpt_oss": dict(arch="gpt_oss", num_local_experts=6, num_experts_per_tok=2, head_dim=16, sliding_window=7, **dict(GGUF_SHAPE, intermediate_size=32)),
     "granitemoe": dict(CASES["granitemoe"], **dict(GGUF_SHAPE, intermediate_size=32)),
+    "ernie4_5_moe": dict(CASES["ernie4_5_moe"], **GGUF_SHAPE),
+    "glm4_moe": dict(CASES["glm4_moe"], **GGUF_SHAPE),  # written with its multi-token prediction layer, skipped
 }
 
 
@@ -387,3 +401,18 @@ def test_the_server_serves_a_mixture_of_experts(tmp_path, request):
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("name", ["ernie4_5_moe", "glm4_moe"])
+def test_the_selection_bias_changes_choices(tmp_path, name):
+    """The selection bias of these checkpoints moves experts in and out of rows' top k: without it
+    transformers' logits differ, so matching them checks that minillm chooses by it."""
+    oracle = make_checkpoint(tmp_path, **CASES[name])
+    with_bias = hf_logits(oracle, TOKENS)
+    with torch.no_grad():
+        for module_name, b in list(oracle.named_buffers()) + list(oracle.named_parameters()):
+            if module_name.endswith("e_score_correction_bias"):
+                b.zero_()
+    assert np.abs(hf_logits(oracle, TOKENS) - with_bias).max() > 1e-3
+    model = Model.load(tmp_path)
+    _close(model.forward(TOKENS, model.new_cache(), all_logits=True), with_bias, name)

@@ -37,6 +37,12 @@ class Fields:
             raise ConfigError(f"{self.source}: field '{name}' must be a positive integer, got {value!r}")
         return value
 
+    def non_negative_int(self, name: str, default: int) -> int:
+        value = self.raw.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{self.source}: field '{name}' must be a non-negative integer, got {value!r}")
+        return value
+
     def number(self, name: str, default: float) -> float:
         value = self.raw.get(name, default)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -83,6 +89,7 @@ class Architecture:
     fused_gate_up = False  # gate and up stored as one gate_up_proj (gate rows first)
     interleaved_rope = False  # RoPE rotates neighbouring pairs of q and k (not HF's two halves)
     partial_rotary = False  # reads partial_rotary_factor (RoPE on the first part of each head only)
+    default_rotary_factor = 1.0  # partial_rotary_factor when config.json names none (the config class's)
     activation_field, default_activation = "hidden_act", "silu"
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
     rope_theta = 10000.0  # when config.json names none (the config class's default_theta)
@@ -100,6 +107,10 @@ class Architecture:
     def biases(self, fields: Fields) -> dict:
         """qkv_bias (q, k, v), o_bias, mlp_bias; Llama's attention_bias is the first two."""
         return attention_bias(fields.boolean("attention_bias", default=False))
+
+    def qk_norm_kind(self, fields: Fields) -> str | None:
+        """The q/k norm ("head", "projection" or None), where config.json may switch it."""
+        return self.qk_norm
 
     def variant(self, fields: Fields, hidden: int) -> dict:
         """Further ModelConfig fields where the family differs (scales, soft caps, multipliers)."""
@@ -148,6 +159,11 @@ class Architecture:
     # ---------------------------------------------------------------- mixtures of experts
     expert_count_field = "num_experts"  # read first; "num_local_experts" when absent
     default_top_k: int | None = None
+    top_k_field = "num_experts_per_tok"
+    router_fields: tuple[str, ...] = ()  # DeepSeek-style router fields the family reads (others are refused)
+    shared_expert_prefix = "shared_expert."  # under the MoE prefix: its gate_proj, up_proj, down_proj
+    shared_expert_gate = True  # the shared expert is scaled by the sigmoid of its own gate (Qwen2-MoE's shared_expert_gate)
+    selection_bias_tensor: str | None = None  # under the MoE prefix: the bias the router chooses by (e_score_correction_bias)
     expert_width_field = "intermediate_size"  # each expert's MLP width
     router_tensor = "gate.weight"  # under the layer's MoE prefix
     expert_tensors = ("gate_proj", "up_proj", "down_proj")  # per expert: gate, up, down
@@ -177,6 +193,10 @@ class Architecture:
         if rope:
             config["rope_scaling"] = rope
 
+    def selection_bias_shape(self, experts: int) -> tuple[int, ...]:
+        """The stored shape of the selection bias (selection_bias_tensor)."""
+        return (experts,)
+
     def gguf_experts(self, meta, p: str, experts: int) -> dict:
         """A mixture of experts' config fields from llama.cpp's expert keys (every layer sparse,
         as llama.cpp runs them)."""
@@ -187,6 +207,10 @@ class Architecture:
             raise GGUFError(f"{meta.path}: metadata '{p}expert_gating_func' is {gating}; only the softmax router is supported")
         return {self.expert_count_field: experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
                 "norm_topk_prob": bool(meta.typed(p + "expert_weights_norm", bool, self.gguf_norm_topk))}
+
+    def ignores(self, name: str, layers: int) -> bool:
+        """Whether a checkpoint tensor is one transformers skips too (multi-token prediction layers)."""
+        return False
 
     def hub_experts(self, cfg, tensors: dict) -> None:
         """Rewrite an import's stacked experts in place as the family's checkpoints store them

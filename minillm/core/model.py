@@ -178,7 +178,7 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
         tasks=np.zeros((rows * cfg.num_attention_heads + cfg.num_attention_heads, 4), np.int64),
         moe=aligned_zeros((moe_rows, H), f),
         xe=step_buffer((routed, H), f, 11),
-        route=aligned_zeros((moe_rows, E + 1), f),
+        route=aligned_zeros((moe_rows, 2 * E + 1), f),
         chosen=np.zeros((moe_rows, k), np.int64),
         chosen_weight=np.zeros((moe_rows, k), f),
         place=np.zeros((moe_rows, k), np.int64),
@@ -476,8 +476,13 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         experts=cfg.num_experts,
         experts_per_token=cfg.experts_per_token,
         norm_topk=cfg.norm_topk_prob,
-        topk_softmax=cfg.router == "topk_softmax",
+        router_kind=ROUTER_KINDS[cfg.router],
         **_expert_biases(cfg, layers),
+        selection_bias=_selection_biases(cfg, layers),
+        router_groups=cfg.router_groups,
+        router_group_topk=cfg.router_group_topk,
+        routed_scale=f(cfg.routed_scaling),
+        norm_min=f(cfg.router_norm_min),
         sinks=np.stack([layer.sinks for layer in layers]).astype(f) if layers[0].sinks is not None else np.zeros((len(layers), 0), f),
         swiglu_alpha=f(cfg.swiglu_alpha),
         swiglu_limit=f(cfg.swiglu_limit),
@@ -555,8 +560,18 @@ def lora_tables(cfg: ModelConfig, adapters: tuple[Adapter, ...], w: "K.ModelWeig
 LORA_KINDS = {"<f4": LORA_F32, "<f2": LORA_F16, "<u2": LORA_BF16}
 
 
+# ModelConfig.router -> kernels.experts' router kinds
+ROUTER_KINDS = {"softmax": K.SOFTMAX_ROUTER, "topk_softmax": K.TOPK_SOFTMAX_ROUTER, "sigmoid": K.SIGMOID_ROUTER}
+
 # config.json's hidden_act -> kernels.swiglu's gated activation
 ACTIVATIONS = {"silu": K.SILU, "gelu_pytorch_tanh": K.GELU_TANH, "clamped_swiglu": K.CLAMPED_SWIGLU}
+
+
+def _selection_biases(cfg: ModelConfig, layers) -> np.ndarray:
+    """(L, E): each sparse layer's bias the router chooses by (zeros in dense layers), or (L, 0)."""
+    if not cfg.selection_bias:
+        return np.zeros((len(layers), 0), np.float32)
+    return np.stack([np.zeros(cfg.num_experts, np.float32) if layer.selection_bias is None else layer.selection_bias for layer in layers])
 
 
 def _expert_biases(cfg: ModelConfig, layers) -> dict:

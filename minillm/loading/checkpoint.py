@@ -69,6 +69,7 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,)
     router: Linear | None = None  # a sparse layer's (E, H) router, float32; (E + 1, H) with the shared expert's gate last
     experts: list[tuple[Linear, Linear, Linear]] = field(default_factory=list)  # each expert's (gate, up, down)
+    selection_bias: np.ndarray | None = None  # (E,) float32: added to the router's scores for choosing only
     sinks: np.ndarray | None = None  # (nh,) each head's attention sink logit (gpt-oss)
 
     @property
@@ -259,7 +260,8 @@ def checked_directory(source: Path) -> tuple[ModelConfig, dict, dict]:
     check_tensor_set(
         {name: f.tensors[name].shape for name, f in owner.items()}, shapes, cfg,
         where=lambda name: owner[name].path if name in owner else source,
-        ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings),
+        ignorable=lambda name: name.endswith(HARMLESS_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings)
+        or cfg.spec.ignores(name, cfg.num_hidden_layers),
     )
     return cfg, owner, shapes
 
@@ -431,8 +433,9 @@ def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, tr
     router = vector(router_name(cfg, i, stacked=stacked_names))
     shared = dict(gate=None, up=None, down=None)
     if cfg.shared_expert_intermediate_size:
-        router = np.concatenate([router, vector(moe + "shared_expert_gate.weight")])
-        shared = {kind: linear(moe + f"shared_expert.{kind}_proj") for kind in ("gate", "up", "down")}
+        if cfg.spec.shared_expert_gate:
+            router = np.concatenate([router, vector(moe + "shared_expert_gate.weight")])
+        shared = {kind: linear(moe + cfg.spec.shared_expert_prefix + f"{kind}_proj") for kind in ("gate", "up", "down")}
     I = cfg.expert_intermediate_size
     fused = next((suffix for suffix in ("", ".weight") if moe + STACKED_GATE_UP + suffix in shapes), None)  # transformers 5's, llama.cpp's
     packed = moe + STACKED_GATE_UP + "_blocks" in shapes
@@ -460,7 +463,8 @@ def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, tr
     w = aligned_empty(router.shape, np.float32)
     w[...] = router
     bias = vector(moe + "router.bias") if cfg.router_bias else None
-    return dict(router=Linear(w, F.F32, b=bias), experts=experts, **shared)
+    selection = vector(moe + cfg.spec.selection_bias_tensor).reshape(-1) if cfg.selection_bias else None
+    return dict(router=Linear(w, F.F32, b=bias), experts=experts, selection_bias=selection, **shared)
 
 
 def split_rows(lin: Linear, *sizes: int) -> list[Linear]:

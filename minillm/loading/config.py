@@ -80,7 +80,12 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top k weights renormalised to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert; 0: none
     sparse_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is the experts; () none
-    router: str = "softmax"  # "softmax" over all experts, then the top k; or "topk_softmax" (gpt-oss)
+    router: str = "softmax"  # "softmax" over all experts, then the top k; "topk_softmax" (gpt-oss); or "sigmoid" of each (GLM-4.5)
+    selection_bias: bool = False  # a per-expert bias added to the scores for choosing only (e_score_correction_bias)
+    router_groups: int = 1  # experts in this many groups; a row chooses among the router_group_topk best groups
+    router_group_topk: int = 1  #   (a group scored by the sum of its two best scores)
+    routed_scaling: float = 1.0  # the chosen experts' weights times this (routed_scaling_factor)
+    router_norm_min: float = 0.0  # the renormalising sum is at least this (Ernie 4.5's moe_norm_min)
     router_bias: bool = False  # the router's logits have a bias, and the experts' matrices too (gpt-oss)
     attention_sinks: bool = False  # a learned logit per head in attention's softmax denominator (gpt-oss)
     swiglu_alpha: float = 1.702  # hidden_act "clamped_swiglu" (gpt-oss): (up + 1) * g * sigmoid(alpha g),
@@ -243,7 +248,7 @@ class ModelConfig:
             local_rope=local_rope,
             hidden_act=act,
             norm_offset=spec.norm_offset,
-            qk_norm=spec.qk_norm,
+            qk_norm=spec.qk_norm_kind(fields),
             fused_qkv=spec.fused_qkv,
             fused_gate_up=spec.fused_gate_up,
             rotary_dim=rotary_dim,
@@ -263,7 +268,9 @@ def _rotary_dim(raw: dict, source: str, head_dim: int, spec: Architecture) -> in
     field, factor = "partial_rotary_factor", raw.get("partial_rotary_factor")
     if factor is None and "partial_rotary_factor" in params:
         field, factor = "rope_parameters.partial_rotary_factor", params["partial_rotary_factor"]
-    if factor is None or factor == 1.0:
+    if factor is None:
+        factor = spec.default_rotary_factor
+    if factor == 1.0:
         return 0
     if not spec.partial_rotary:
         raise ConfigError(f"{source}: field '{field}' other than 1.0 is not supported for {spec.hf_names[0]}")
@@ -371,9 +378,9 @@ def _experts(fields: Fields, spec: Architecture, layers: int) -> dict:
         return {}
     count_field = spec.expert_count_field if spec.expert_count_field in fields.raw else "num_local_experts"
     experts = fields.positive_int(count_field)
-    top_k = fields.positive_int("num_experts_per_tok", default=spec.default_top_k)
+    top_k = fields.positive_int(spec.top_k_field, default=spec.default_top_k)
     if top_k > experts:
-        raise ConfigError(f"{fields.source}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
+        raise ConfigError(f"{fields.source}: field '{spec.top_k_field}' ({top_k}) exceeds the {experts} experts")
     return dict(num_experts=experts, experts_per_token=top_k, expert_intermediate_size=fields.positive_int(spec.expert_width_field),
                 **spec.experts(fields, layers, experts))
 
@@ -398,7 +405,7 @@ def _refuse_unsupported(fields: Fields, spec: Architecture) -> None:
     if raw.get("clip_qkv") is not None:  # OLMoE
         raise ConfigError(f"{source}: field 'clip_qkv' is set; clamping q, k and v is not supported")
     for field in ("moe_layer_freq", "n_shared_experts", "first_k_dense_replace", "topk_method", "n_group", "scoring_func"):
-        if raw.get(field) is not None:  # other routers (DeepSeek's groups, sigmoid scoring, ..)
+        if raw.get(field) is not None and field not in spec.router_fields:  # routers the family's spec does not read
             raise ConfigError(f"{source}: field '{field}' is set; this router is not supported")
     spec.refuse(fields)
 

@@ -99,11 +99,13 @@ class GGUFModel:
             if t.name in ROPE_TENSORS:
                 continue
             hf = to_gguf.get(t.name)
+            if hf is None and self.spec.ignores(t.name, self.cfg.num_hidden_layers):
+                continue
             if hf is None:
                 raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for {self.arch}")
             found[hf] = tuple(reversed(t.shape))  # GGUF lists dimensions innermost first
-            if hf.endswith("shared_expert_gate.weight") and len(t.shape) == 1:
-                found[hf] = (1, t.shape[0])  # llama.cpp keeps Qwen2-MoE's (1, H) gate as (H,)
+            if hf in expected and [n for n in found[hf] if n != 1] == [n for n in expected[hf] if n != 1]:
+                found[hf] = expected[hf]  # a (1, n) vector kept as (n,), or the other way (Qwen2-MoE's shared expert gate)
             self.entries[hf] = t
         check_tensor_set(found, expected, self.cfg, where=lambda name: self.path, error=GGUFError)
         self.expected = expected  # HF name -> shape
@@ -141,8 +143,8 @@ class GGUFModel:
     def float32(self, hf_name: str) -> np.ndarray:
         """The tensor dequantized to float32 in HF's layout (gguf-py dequantizes the checked bytes)."""
         w = dequantized(self._raw(self.entries[hf_name]), self.entries[hf_name], self.path)
-        if hf_name.endswith("shared_expert_gate.weight"):
-            w = w.reshape(1, -1)
+        if w.shape != self.expected[hf_name] and w.size == np.prod(self.expected[hf_name]):
+            w = w.reshape(self.expected[hf_name])  # kept with other dimensions of 1 (the check above)
         if self.cfg.norm_offset and w.ndim == 1 and hf_name.endswith("norm.weight"):
             w = w - np.float32(1.0)  # the converter stored Gemma's norms as 1 + w
         return np.ascontiguousarray(self._unpermute(hf_name, w))
@@ -232,6 +234,8 @@ def gguf_names(arch: str, layers: int, expected: dict) -> dict[str, str]:
         base, suffix = hf.rsplit(".", 1)
         if suffix == "sinks":  # gpt-oss's (nh,) tensor, written as attn_sinks.weight
             base, suffix = hf, "weight"
+        elif suffix.endswith("e_score_correction_bias"):  # a router's selection bias, written as exp_probs_b.bias
+            base, suffix = hf[: -len("_bias")], "bias"
         gguf = table.get_name(base)
         if gguf is None and base.endswith(".mlp.experts.gate_up_proj"):  # newer than gguf-py's tables for these
             gguf = f"blk.{base.split('.')[2]}.ffn_gate_up_exps"

@@ -35,6 +35,7 @@ _KINDS = {
     "self_attn.qkv_proj": "qkv", "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down", "mlp.gate_up_proj": "gate_up",
     "mlp.shared_expert.gate_proj": "gate", "mlp.shared_expert.up_proj": "up", "mlp.shared_expert.down_proj": "down",
     "mlp.shared_expert_gate": "shared_gate",
+    "mlp.shared_experts.gate_proj": "gate", "mlp.shared_experts.up_proj": "up", "mlp.shared_experts.down_proj": "down",
 }
 
 

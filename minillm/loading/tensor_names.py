@@ -112,10 +112,14 @@ def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int
         for e in range(E):
             shapes[expert_matrix(cfg, i, e, "gate")] = shapes[expert_matrix(cfg, i, e, "up")] = (I, H)
             shapes[expert_matrix(cfg, i, e, "down")] = (H, I)
+    spec = cfg.spec
     if cfg.shared_expert_intermediate_size:
-        S = cfg.shared_expert_intermediate_size
-        shapes.update({moe + "shared_expert.gate_proj.weight": (S, H), moe + "shared_expert.up_proj.weight": (S, H),
-                       moe + "shared_expert.down_proj.weight": (H, S), moe + "shared_expert_gate.weight": (1, H)})
+        S, shared = cfg.shared_expert_intermediate_size, moe + spec.shared_expert_prefix
+        shapes.update({shared + "gate_proj.weight": (S, H), shared + "up_proj.weight": (S, H), shared + "down_proj.weight": (H, S)})
+        if spec.shared_expert_gate:
+            shapes[moe + "shared_expert_gate.weight"] = (1, H)
+    if cfg.selection_bias:
+        shapes[moe + spec.selection_bias_tensor] = spec.selection_bias_shape(E)
     return shapes
 
 
