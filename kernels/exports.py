@@ -37,7 +37,7 @@ from .matmul import add_bias, dequantize, kernels_for, matmul
 from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16
 from .rmsnorm import layernorm_row, rmsnorm, rmsnorm_row
 from .rope import rope, rope_row, rope_tables
-from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, gated, softcap_row, swiglu
+from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, XIELU, gated, softcap_row, swiglu
 from .top_k import top_k
 from .vector_ir import QBLOCK
 
@@ -46,5 +46,5 @@ __all__ = [
     "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "SOFTMAX_ROUTER", "TOPK_SOFTMAX_ROUTER", "SIGMOID_ROUTER", "BLOCK_FORMATS", "Q4_0", "Q8_0",
     "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
     "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row", "layernorm_row",
-    "rope", "rope_row", "rope_tables", "gated", "SILU", "GELU_TANH", "CLAMPED_SWIGLU", "softcap_row", "swiglu", "top_k", "QBLOCK",
+    "rope", "rope_row", "rope_tables", "gated", "SILU", "GELU_TANH", "CLAMPED_SWIGLU", "XIELU", "softcap_row", "swiglu", "top_k", "QBLOCK",
 ]

@@ -95,7 +95,8 @@ class ModelWeights(NamedTuple):
     attn_scale: float  # attention scores are multiplied by it
     attn_softcap: float  # scores -> cap * tanh(scores / cap) when > 0
     final_softcap: float  # logits -> cap * tanh(logits / cap) when > 0
-    activation: int  # the MLP's gated activation (kernels.swiglu): SILU, GELU_TANH or CLAMPED_SWIGLU
+    activation: int  # the MLP's activation (kernels.swiglu): SILU, GELU_TANH, CLAMPED_SWIGLU, or XIELU (no gate matrix)
+    activation_params: np.ndarray  # (L, 4) each layer's xIELU alpha_p, alpha_n, beta, eps; or (L, 0)
     router: np.ndarray  # (L,) int64: a sparse layer's router in matrices ((E, H), or (E + 1, H) with the
     #   shared expert's gate last), expert e's gate, up, down at router + 1 + 3 e + 0, 1, 2; -1: a dense layer
     experts: int  # E, experts per sparse layer (0: a dense model)
@@ -162,7 +163,7 @@ _I1, _I2, _I3 = (types.Array(types.int64, n, "C") for n in (1, 2, 3))
 ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3, _I1], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
-     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64,
+     *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64, _F2,
      _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,

@@ -12,6 +12,7 @@ from .forward_types import (
     PARALLEL_ROWS, PREPARE, TO_GATE_UP, TO_PROJ, TWO,
 )
 from .jit import call_at
+from .swiglu import XIELU
 from .matmul import ROWS_PER_TASK
 from .work_sharing import start_claims
 
@@ -65,8 +66,13 @@ def prepare_and_claim(matrices, n, w, ws, state):
 @njit(cache=True, _nrt=False)
 def run_mlp(source, gate, T, w, ws, state):
     """proj[:T] = down(act(gate(x)) * up(x)) for the T rows of x (source), the MLP whose gate, up
-    and down matrices are at gate, gate + 1, gate + 2."""
-    ws.params[P_ROWS], ws.params[P_WIDTH] = T, w.matrices[gate, 1]
-    run_linear(source, TWO, gate, gate + 1, gate + 1, TO_GATE_UP, w, ws, state)
+    and down matrices are at gate, gate + 1, gate + 2; without a gate matrix (0 rows: Apertus)
+    down(act(up(x))), up written into the gate rows the activation and down read."""
+    if w.activation == XIELU:
+        ws.params[P_ROWS], ws.params[P_WIDTH] = T, w.matrices[gate + 1, 1]
+        run_linear(source, ONE, gate + 1, gate + 1, gate + 1, TO_GATE_UP, w, ws, state)
+    else:
+        ws.params[P_ROWS], ws.params[P_WIDTH] = T, w.matrices[gate, 1]
+        run_linear(source, TWO, gate, gate + 1, gate + 1, TO_GATE_UP, w, ws, state)
     row_step(GATE_ROWS, MLP_PART, T >= PARALLEL_ROWS, w, ws, state)
     run_linear(FROM_GATE, ONE, gate + 2, gate + 2, gate + 2, TO_PROJ, w, ws, state)

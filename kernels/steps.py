@@ -20,7 +20,7 @@ from .lora import LORA_A, LORA_B, LORA_BF16, LORA_COL, LORA_F16, LORA_KIND, LORA
 from .matmul import call_linear
 from .rmsnorm import norm_row, rmsnorm_row
 from .rope import rope_row
-from .swiglu import GELU_TANH, clamped_gated_row, gated_row
+from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, XIELU, clamped_gated_row, gated_row, xielu_row
 from .work_sharing import claim
 
 @njit(inline="always", _nrt=False)
@@ -273,6 +273,17 @@ def gate_step_clamped(t, threads, state):
         clamped_gated_row(gate[r], up[r], w.swiglu_alpha, w.swiglu_limit)
 
 
+def gate_step_xielu(t, threads, state):
+    """Thread t's rows of gate = xIELU(gate) with layer l's parameters (Apertus: an MLP without a
+    gate, whose up projection the linear step wrote into the gate rows)."""
+    rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
+    l, T = ws.params[P_LAYER], ws.params[P_ROWS]
+    gate = mlp_rows(ws.gate, T, ws.params[P_WIDTH])
+    a = w.activation_params[l]
+    for r in range(T * t // threads, T * (t + 1) // threads):
+        xielu_row(gate[r], a[0], a[1], a[2], a[3])
+
+
 def attention_step(t, threads, state):
     """att = causal softmax attention of each row's queries over its slot's cache, layer l: thread
     t's share of the tasks of attention_tasks. Query head h reads KV head h // n_rep (GQA without
@@ -411,13 +422,14 @@ def _compile_step(step):
     return _compiled[step][1]
 
 
-def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, clamped: bool = False, lora: bool = False) -> np.ndarray:
+def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, activation: int = SILU, lora: bool = False) -> np.ndarray:
     """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
     the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
     mixture of experts and the LoRA step only with adapters (else 0: never called); attention
-    with sinks and the clamped SwiGLU gate only for a model that has them (gpt-oss)."""
+    with sinks, the clamped SwiGLU gate (gpt-oss) and xIELU (Apertus) only for a model that has them."""
     plain, with_sinks, qkv = KV_STEPS[kv_format]
-    chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate_step_clamped if clamped else gate_step}
+    gate = {CLAMPED_SWIGLU: gate_step_clamped, XIELU: gate_step_xielu}.get(activation, gate_step)
+    chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate}
     steps = [chosen.get(step, step) for step in STEPS]
     unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()), *((expert_lora_step,) if not (lora and experts) else ()))
     return np.array([0 if step in unused else _compile_step(step) for step in (*steps, parallel_region)], np.int64)

@@ -32,8 +32,21 @@ def clamped_swiglu(g, u, alpha, limit):
     return (u + np.float32(1.0)) * (g * divide(np.float32(1.0), np.float32(1.0) + exp_f32(-(g * alpha))))
 
 
-# The gated activations: act(gate) * up
-SILU, GELU_TANH, CLAMPED_SWIGLU = 0, 1, 2
+# The MLP's activations: act(gate) * up, or XIELU's act(up) alone (an MLP without a gate)
+SILU, GELU_TANH, CLAMPED_SWIGLU, XIELU = 0, 1, 2, 3
+
+
+@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
+def xielu_row(x, alpha_p, alpha_n, beta, eps):
+    """Apertus's xIELU over one row, in place, in transformers' order: alpha_p x^2 + beta x where
+    x > 0, else (expm1(min(x, eps)) - x) alpha_n + beta x; alpha_p and alpha_n already through
+    their softplus (Architecture.layer_activation)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v > 0:
+            x[i] = alpha_p * v * v + beta * v
+        else:
+            x[i] = (np.expm1(min(v, eps)) - v) * alpha_n + beta * v
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)

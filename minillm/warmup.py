@@ -55,7 +55,7 @@ def warm(formats, kv_dtype: str = "float32", experts: bool = False, gpt_oss: boo
     operands = sorted({f.operand for f in formats} - {K.Operand.FLOAT32})
     names = ", ".join(sorted({f.group_of or f.name for f in formats})) or "no weight format"
     with CompileNotice(f"the forward pass and kernels for {names}", jobs=len(formats) + len(operands) + 3) as notice:
-        F.step_kernels(kv_dtype, experts or gpt_oss, sinks=gpt_oss, clamped=gpt_oss)
+        F.step_kernels(kv_dtype, experts or gpt_oss, sinks=gpt_oss, activation=F.CLAMPED_SWIGLU if gpt_oss else F.SILU)
         notice.step()
         F.forward.compile(F.STATE_TYPE.types)  # the forward pass takes the state's parts as its arguments
         notice.step()

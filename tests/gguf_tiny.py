@@ -17,7 +17,7 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
              "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
              "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
-             "Glm4MoeForCausalLM": "glm4moe"}
+             "Glm4MoeForCausalLM": "glm4moe", "ApertusForCausalLM": "apertus"}
 PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
@@ -131,6 +131,10 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     _add_vocab(w, vocab or make_vocab(cfg["vocab_size"], "spm" if arch in SPM else "bpe"))
 
     tensors = load_file(str(hf_dir / "model.safetensors"))
+    if arch == "apertus":  # its converter: each layer's raw xIELU parameters as metadata arrays
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            values = [float(tensors.pop(f"model.layers.{i}.mlp.act_fn.{name}").reshape(-1)[0]) for i in range(L)]
+            getattr(w, f"add_xielu_{name}")(values)
     if arch == "granitemoe":  # its converter splits input_linear into gate and up
         tensors = _granite_experts(tensors)
     if arch == "gpt-oss":

@@ -43,6 +43,8 @@ CASES = {
     "phi3-partial": dict(arch="phi3", partial_rotary_factor=0.5),
     "cohere2": dict(arch="cohere2", num_hidden_layers=4, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
                     logit_scale=0.25),
+    # xIELU's parameters as llama.cpp's metadata arrays
+    "apertus": dict(arch="apertus", head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 12000000.0}),
 }
 
 

@@ -99,6 +99,8 @@ CASES = {
     # Cohere 2: one LayerNorm, attention and MLP side by side, RoPE on pairs of the sliding layers, logit_scale
     "cohere2": dict(arch="cohere2", num_hidden_layers=4, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
                     logit_scale=0.3, layer_norm_eps=1e-5),
+    # Apertus: an MLP without a gate, xIELU with its parameters per layer, q/k norms, Llama 3 RoPE (its default)
+    "apertus": dict(arch="apertus", head_dim=16, num_hidden_layers=3),
     "phi3-partial-longrope": dict(arch="phi3", partial_rotary_factor=0.5, max_position_embeddings=64, original_max_position_embeddings=16,
                                   ctx=40, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                                            "long_factor": [1.0, 1.5], "short_factor": [1.0, 1.1]}),
@@ -159,7 +161,7 @@ def test_chunked_prefill_equals_single_pass(tmp_path, monkeypatch):
 
 BATCH_CASES = {"llama": dict(tie_word_embeddings=False, attention_bias=True), "gemma3": CASES["gemma3"],
                "olmo2": CASES["olmo2"], "qwen3-window": CASES["qwen3-window"], "phi3-window": CASES["phi3-window"],
-               **{name: CASES[name] for name in ("granite", "olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4", "cohere2")}}
+               **{name: CASES[name] for name in ("granite", "olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4", "cohere2", "apertus")}}
 
 
 # every precision on llama and on the new architectures' norm and activation paths

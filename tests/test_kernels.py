@@ -299,6 +299,20 @@ def test_clamped_swiglu(limit):
     np.testing.assert_allclose(out, (u + 1) * g / (1 + np.exp(-1.702 * g)), rtol=1e-5, atol=1e-6)
 
 
+def test_xielu():
+    """Apertus's xIELU (alpha_p x^2 + beta x above 0, (expm1(min(x, eps)) - x) alpha_n + beta x
+    below) against NumPy in float64, near 0 too, where expm1 keeps what exp(x) - 1 would lose."""
+    from kernels.swiglu import xielu_row
+
+    x = np.concatenate([rand(200) * 4, np.float32([0.0, -1e-7, -2e-6, 1e-7, -30.0])]).astype(np.float32)
+    alpha_p, alpha_n, beta, eps = np.float32(0.8), np.float32(1.3), np.float32(0.5), np.float32(-1e-6)
+    v = x.astype(np.float64)
+    expected = np.where(v > 0, 0.8 * v * v + 0.5 * v, (np.expm1(np.minimum(v, -1e-6)) - v) * 1.3 + 0.5 * v)
+    out = x.copy()
+    xielu_row(out, alpha_p, alpha_n, beta, eps)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-9)
+
+
 def test_softcap():
     x = (rand(300) * 80).astype(np.float32)
     x[:3] = [np.inf, -np.inf, 0.0]

@@ -91,6 +91,9 @@ class Architecture:
     partial_rotary = False  # reads partial_rotary_factor (RoPE on the first part of each head only)
     default_rotary_factor = 1.0  # partial_rotary_factor when config.json names none (the config class's)
     activation_field, default_activation = "hidden_act", "silu"
+    activations = ("silu", "gelu_pytorch_tanh")  # the hidden_act values the family's MLP may have
+    gated_mlp = True  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (Apertus)
+    activation_tensors: dict[str, tuple[int, ...]] = {}  # a layer's activation parameters under mlp.act_fn, and their shapes
     default_head_dim: int | None = None  # when config.json has no head_dim (else hidden / heads)
     rope_theta = 10000.0  # when config.json names none (the config class's default_theta)
     mixture_of_experts = False
@@ -118,9 +121,18 @@ class Architecture:
 
     def activation(self, fields: Fields) -> str:
         act = fields.raw.get(self.activation_field, self.default_activation)
-        if act not in ("silu", "gelu_pytorch_tanh"):
-            raise ConfigError(f"{fields.source}: field '{self.activation_field}' is {act!r}; supported: 'silu', 'gelu_pytorch_tanh'")
+        if act not in self.activations:
+            raise ConfigError(f"{fields.source}: field '{self.activation_field}' is {act!r}; supported: {', '.join(map(repr, self.activations))}")
         return act
+
+    def layer_activation(self, vector, prefix: str):
+        """A layer's activation parameters as the forward pass reads them (vector(name) reads a
+        tensor; prefix: "model.layers.N."), or None."""
+        return None
+
+    def gguf_metadata_tensors(self, meta, p: str, layers: int) -> dict:
+        """Tensors llama.cpp keeps as metadata (HF name -> float32 array), or {}."""
+        return {}
 
     def refuse(self, fields: Fields) -> None:
         """Fields of this family that minillm does not implement: an error naming the field."""

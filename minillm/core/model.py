@@ -249,7 +249,7 @@ class Model:
 
     def _step_kernels(self) -> np.ndarray:
         cfg = self.config
-        return step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks, clamped=cfg.hidden_act == "clamped_swiglu",
+        return step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks, activation=ACTIVATIONS[cfg.hidden_act],
                             lora=bool(self.adapters))
 
     def set_adapters(self, adapters) -> None:
@@ -472,17 +472,9 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         attn_softcap=f(cfg.attn_logit_softcapping or 0.0),
         final_softcap=f(cfg.final_logit_softcapping or 0.0),
         activation=ACTIVATIONS[cfg.hidden_act],
+        activation_params=_activation_params(layers),
         router=router,
-        experts=cfg.num_experts,
-        experts_per_token=cfg.experts_per_token,
-        norm_topk=cfg.norm_topk_prob,
-        router_kind=ROUTER_KINDS[cfg.router],
-        **_expert_biases(cfg, layers),
-        selection_bias=_selection_biases(cfg, layers),
-        router_groups=cfg.router_groups,
-        router_group_topk=cfg.router_group_topk,
-        routed_scale=f(cfg.routed_scaling),
-        norm_min=f(cfg.router_norm_min),
+        **_router_knobs(cfg, layers),
         sinks=np.stack([layer.sinks for layer in layers]).astype(f) if layers[0].sinks is not None else np.zeros((len(layers), 0), f),
         swiglu_alpha=f(cfg.swiglu_alpha),
         swiglu_limit=f(cfg.swiglu_limit),
@@ -564,7 +556,23 @@ LORA_KINDS = {"<f4": LORA_F32, "<f2": LORA_F16, "<u2": LORA_BF16}
 ROUTER_KINDS = {"softmax": K.SOFTMAX_ROUTER, "topk_softmax": K.TOPK_SOFTMAX_ROUTER, "sigmoid": K.SIGMOID_ROUTER}
 
 # config.json's hidden_act -> kernels.swiglu's gated activation
-ACTIVATIONS = {"silu": K.SILU, "gelu_pytorch_tanh": K.GELU_TANH, "clamped_swiglu": K.CLAMPED_SWIGLU}
+ACTIVATIONS = {"silu": K.SILU, "gelu_pytorch_tanh": K.GELU_TANH, "clamped_swiglu": K.CLAMPED_SWIGLU, "xielu": K.XIELU}
+
+
+def _activation_params(layers) -> np.ndarray:
+    """(L, 4): each layer's activation parameters (xIELU's alpha_p, alpha_n, beta, eps), or (L, 0)."""
+    if layers[0].activation_params is None:
+        return np.zeros((len(layers), 0), np.float32)
+    return np.stack([layer.activation_params for layer in layers]).astype(np.float32)
+
+
+def _router_knobs(cfg: ModelConfig, layers) -> dict:
+    """ModelWeights' fields of a mixture of experts' routers (and their biases) beyond the matrices."""
+    f = np.float32
+    return dict(experts=cfg.num_experts, experts_per_token=cfg.experts_per_token, norm_topk=cfg.norm_topk_prob,
+                router_kind=ROUTER_KINDS[cfg.router], **_expert_biases(cfg, layers), selection_bias=_selection_biases(cfg, layers),
+                router_groups=cfg.router_groups, router_group_topk=cfg.router_group_topk, routed_scale=f(cfg.routed_scaling),
+                norm_min=f(cfg.router_norm_min))
 
 
 def _selection_biases(cfg: ModelConfig, layers) -> np.ndarray:

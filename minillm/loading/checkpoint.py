@@ -70,6 +70,7 @@ class LayerWeights:
     router: Linear | None = None  # a sparse layer's (E, H) router, float32; (E + 1, H) with the shared expert's gate last
     experts: list[tuple[Linear, Linear, Linear]] = field(default_factory=list)  # each expert's (gate, up, down)
     selection_bias: np.ndarray | None = None  # (E,) float32: added to the router's scores for choosing only
+    activation_params: np.ndarray | None = None  # (4,) float32: xIELU's alpha_p, alpha_n, beta, eps (Architecture.layer_activation)
     sinks: np.ndarray | None = None  # (nh,) each head's attention sink logit (gpt-oss)
 
     @property
@@ -284,6 +285,8 @@ def renamed(owner: dict[str, SafetensorsFile], renames) -> dict[str, Safetensors
 
 def in_rope_order(cfg: ModelConfig, name: str, w: np.ndarray) -> np.ndarray:
     """Tensor `name`'s rows as the RoPE kernel turns them (rope_halves_order; moved: a copy)."""
+    if w.ndim == 0:  # a scalar (Apertus's xIELU beta and eps)
+        return w
     order = rope_halves_order(cfg, name, w.shape[0])
     return w if order is None else w[order]
 
@@ -406,8 +409,10 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
             mlp = _experts(cfg, i, shapes, linear, vector, stacked, transposed, mxfp4)
         elif cfg.fused_gate_up:
             mlp = dict(zip(("gate", "up"), split_rows(linear(p + "mlp.gate_up_proj"), cfg.intermediate_size, cfg.intermediate_size)))
-        else:
+        elif cfg.gated_mlp:
             mlp = dict(gate=linear(p + "mlp.gate_proj"), up=linear(p + "mlp.up_proj"))
+        else:
+            mlp = dict(gate=None, up=linear(p + "mlp.up_proj"))
         if not cfg.layer_is_sparse(i):
             mlp["down"] = linear(p + "mlp.down_proj")
         norms = {place: norm(p + name if name else None) for place, name in cfg.spec.norm_names.items()}
@@ -416,6 +421,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
                 q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),
                 q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms, **mlp,
                 sinks=vector(p + "self_attn.sinks") if cfg.attention_sinks else None,
+                activation_params=cfg.spec.layer_activation(vector, p),
             )
         )
     embed = linear("model.embed_tokens")

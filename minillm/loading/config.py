@@ -64,7 +64,8 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # per layer: "full_attention" or "sliding_attention"; () all full
     rope_layers: tuple[bool, ...] = ()  # per layer: False where a layer has no RoPE (SmolLM3); () all
     local_rope: tuple[float, RopeScaling] | None = None  # RoPE base and scaling of sliding layers (Gemma 3)
-    hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3)
+    hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3), "clamped_swiglu" (gpt-oss), "xielu" (Apertus)
+    gated_mlp: bool = True  # down(act(gate(x)) * up(x)); else down(act(up(x))) (Apertus)
     norm_offset: bool = False  # Gemma: norms scale by (1 + w)
     qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", or over the whole "projection"
     fused_qkv: bool = False  # q, k and v as one qkv_proj (Phi-3)
@@ -251,6 +252,7 @@ class ModelConfig:
             qk_norm=spec.qk_norm_kind(fields),
             fused_qkv=spec.fused_qkv,
             fused_gate_up=spec.fused_gate_up,
+            gated_mlp=spec.gated_mlp,
             rotary_dim=rotary_dim,
             interleaved_rope=spec.interleaved_rope,
             layer_norm=spec.layer_norm,

@@ -107,6 +107,8 @@ class GGUFModel:
             if hf in expected and [n for n in found[hf] if n != 1] == [n for n in expected[hf] if n != 1]:
                 found[hf] = expected[hf]  # a (1, n) vector kept as (n,), or the other way (Qwen2-MoE's shared expert gate)
             self.entries[hf] = t
+        self.metadata_tensors = self.spec.gguf_metadata_tensors(self.meta, self.arch + ".", self.cfg.num_hidden_layers)
+        found.update({name: t.shape for name, t in self.metadata_tensors.items()})
         check_tensor_set(found, expected, self.cfg, where=lambda name: self.path, error=GGUFError)
         self.expected = expected  # HF name -> shape
 
@@ -140,8 +142,15 @@ class GGUFModel:
     def ggml_type(self, hf_name: str) -> int:
         return self.entries[hf_name].type
 
+    @property
+    def names(self) -> list[str]:
+        """Every tensor's HF name: those stored as tensors, then those kept as metadata."""
+        return [*self.entries, *self.metadata_tensors]
+
     def float32(self, hf_name: str) -> np.ndarray:
         """The tensor dequantized to float32 in HF's layout (gguf-py dequantizes the checked bytes)."""
+        if hf_name in self.metadata_tensors:
+            return self.metadata_tensors[hf_name].copy()
         w = dequantized(self._raw(self.entries[hf_name]), self.entries[hf_name], self.path)
         if w.shape != self.expected[hf_name] and w.size == np.prod(self.expected[hf_name]):
             w = w.reshape(self.expected[hf_name])  # kept with other dimensions of 1 (the check above)

@@ -42,9 +42,9 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        bar = _progress(len(model.entries), f"importing {gguf_path.name}" if progress else None)
+        bar = _progress(len(model.names), f"importing {gguf_path.name}" if progress else None)
         tensors = {}
-        for name in model.entries:
+        for name in model.names:
             tensors.update(hub_tensors(model.cfg, name, model.float32(name)))
             bar.update(1)
         bar.close()

@@ -69,6 +69,10 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
         else:
             attn = {"q": (cfg.q_dim, H), "k": (cfg.kv_dim, H), "v": (cfg.kv_dim, H), "o": (H, cfg.q_dim)}
         mlp = {"gate_up": (2 * I, H), "down": (H, I)} if cfg.fused_gate_up else {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        if not cfg.gated_mlp:
+            del mlp["gate"]
+        for name, shape in cfg.spec.activation_tensors.items():
+            shapes[p + "mlp.act_fn." + name] = shape
         for name, shape in attn.items():
             shapes[p + f"self_attn.{name}_proj.weight"] = shape
             if cfg.o_bias if name == "o" else cfg.qkv_bias:

@@ -217,7 +217,7 @@ def parameter_count(config) -> int:
     if config.num_experts:
         mlp = 3 * H * (config.num_experts * config.expert_intermediate_size + config.shared_expert_intermediate_size)
     else:
-        mlp = 3 * H * config.intermediate_size
+        mlp = (3 if config.gated_mlp else 2) * H * config.intermediate_size
     return config.vocab_size * H * (1 if config.tie_word_embeddings else 2) + layers * (attention + mlp)
 
 
