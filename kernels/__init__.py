@@ -7,11 +7,13 @@ nh/nkv query/KV heads, hd head dim, ctx cache length.
     formats     the table of weight formats
     forward     the layer sequence over a batch of rows: prefill, decode, batched decode
     forward_types, steps, step_calls, experts  what it reads, its steps, running them, a MoE layer
+    row_spans   a step's work on a span of rows; attention's tasks
     lora        a LoRA adapter's update beside a base product
     matmul      linear layers for every format, tiles chosen by row count; each format's kernels
     attention   causal GQA attention over the KV cache
     rmsnorm, rope, swiglu                      the other operations of a layer
     row_products, gguf_blocks, integer_products the dot products of each family of formats
+    grouped_layouts                            block formats regrouped by 16 rows, for integer_products
     activation_operands, quantize              activations and weights converted for them
     float_sums, vector_ir, vector_math         fixed-order sums and their LLVM building blocks
     top_k, logit_mask                          sampling's kernels

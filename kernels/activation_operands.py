@@ -1,6 +1,7 @@
 """Activations prepared for the weights they meet, once per vector rather than once per row:
 rounded to bfloat16 bits against bfloat16 weights (round_bf16_chunks), quantized to int16 per block
-of 32 against int8 weights (quantize_blocks), used as they are against float32 (prepare_operand
+of 32 against int8 weights (quantize_blocks), split into bytes against blocks regrouped by 16 rows
+(quantize_split, for kernels.integer_products), used as they are against float32 (prepare_operand
 picks, at compile time, by the weights' dtype).
 """
 
@@ -9,16 +10,18 @@ from functools import lru_cache
 import numpy as np
 from llvmlite import ir
 from numba import cfunc, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .formats import PREPARE_SIGNATURE, Operand
-from .integer_products import quantize_split
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import bf16_bits
 from .vector_ir import (
     BF16_CHUNK,
     F32,
     I16,
+    I32,
+    I32_VEC,
     I64,
     LANES,
     QBLOCK,
@@ -31,6 +34,9 @@ from .vector_ir import (
 )
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
+I8 = ir.IntType(8)
+PER_BLOCK = 3  # quantize_split's float32 words per block of 32: the scale, two sums of 16
+SPLIT_LEVELS = 32639.0  # 127 * 256 + 127: the largest int16 whose high byte, rounded, is int8
 
 
 @intrinsic
@@ -64,6 +70,57 @@ def quantize_blocks(typingctx, xq, xs, x, b):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def quantize_split(typingctx, xo, xs, x, b):
+    """Row b of float32 x (T, K) as Q4_0_R16 products read it, per block j of 32: int16 levels x16
+    (quantized_block, levels +-32639) split as hi = (x16 + 128) >> 8 and lo = x16 - 256 hi, both
+    int8; xo[b] (2K bytes: int16 (T, K) reused) holds the K lo bytes, then the K hi bytes;
+    xs[b, 3j] the block's float32 scale, xs[b, 3j + 1] and xs[b, 3j + 2] the int32 bits of
+    sum(x16) over its first and its second 16 (for the weights' level offsets)."""
+    sig = types.void(xo, xs, x, b)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        oty, sty, xty, _ = signature.args
+        xarr = context.make_array(xty)(context, b, args[2])
+        K = b.extract_value(xarr.shape, 1)
+        row = as_i64(b, args[3], None)
+        px = b.gep(xarr.data, [b.mul(row, K)], source_etype=F32)
+        oarr = context.make_array(oty)(context, b, args[0])
+        plo = b.gep(b.bitcast(oarr.data, I8.as_pointer()), [b.mul(row, b.mul(K, I64(2)))], source_etype=I8)
+        phi = b.gep(plo, [K], source_etype=I8)
+        sarr = context.make_array(sty)(context, b, args[1])
+        ps = b.gep(sarr.data, [b.mul(row, b.extract_value(sarr.shape, 1))], source_etype=F32)
+        sum_fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32, [I32_VEC]), "llvm.vector.reduce.add.v16i32")
+        ivec = lambda v: ir.Constant(I32_VEC, [v] * LANES)
+        bytes16 = ir.VectorType(I8, LANES)
+
+        def block(i, _):
+            scale, halves = quantized_block(b, px, i, SPLIT_LEVELS)
+            j3 = b.mul(b.sdiv(i, I64(QBLOCK)), I64(PER_BLOCK))
+            b.store(scale, b.gep(ps, [j3], source_etype=F32))
+            for h, q in enumerate(halves):
+                x16 = b.fptosi(q, I32_VEC)
+                hi = b.ashr(b.add(x16, ivec(128)), ivec(8))
+                lo = b.sub(x16, b.shl(hi, ivec(8)))
+                at = b.add(i, I64(h * LANES))
+                for p, v in ((plo, lo), (phi, hi)):
+                    b.store(b.trunc(v, bytes16), b.bitcast(b.gep(p, [at], source_etype=I8), bytes16.as_pointer()), align=1)
+                total = b.call(sum_fn, [x16])
+                b.store(total, b.bitcast(b.gep(ps, [b.add(j3, I64(1 + h))], source_etype=F32), I32.as_pointer()))
+            return []
+
+        loop(b, I64(0), b.and_(K, I64(-QBLOCK)), QBLOCK, [], block)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shapes of quantize_split's (xo int16, xs float32) for T vectors of K."""
+    return (T, K), (T, PER_BLOCK * (K // QBLOCK))
 
 
 @intrinsic

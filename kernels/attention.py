@@ -43,8 +43,7 @@ def attend(out, q, keys, values, n_keys, s, scale, softcap, sinks):
     the first key the queries see; s (R, >= n_keys) scratch, a row per head. Scores come 16 keys at a time (one shared reduction). Each
     head's output is the same, bit for bit, whatever R is, and each key and value row is read
     once for all R heads. A head at a time, the first read them from memory and the others from
-    L2 while memory waited: attention alone on the default model's cache after 4000 tokens, 2
-    threads, 9.9 -> 8.1 ms a step.
+    L2 while memory waited (docs/performance.md, "The measurements behind the kernels").
     """
     R = s.shape[0]
     hd = q.shape[0] // R

@@ -8,9 +8,8 @@ import sys
 # enters a parallel region. Once a second one does (a model loads on the caller's thread, then
 # the engine thread decodes), it counts more threads than CPUs and "throttles": workers spin
 # ~100 times instead of ~300000 before sleeping, and every parallel region then wakes them
-# through the kernel. A decode step of the default model's Q4_0 file took 11.9 ms on a second
-# thread against 5.9 ms on the first (2 cores, alternating). ACTIVE with the default spin count
-# keeps the default spin-then-sleep in both cases. Set before libgomp starts (the first
+# through the kernel (a decode step twice as slow on a second thread: docs/performance.md,
+# "The measurements behind the kernels"). ACTIVE with the default spin count keeps the default spin-then-sleep in both cases. Set before libgomp starts (the first
 # parallel call reads them); a user's own settings win.
 if sys.platform.startswith("linux") and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
@@ -21,6 +20,7 @@ from . import target
 target.use_named_cpu_features()  # before anything compiles: NUMBA_CPU_NAME alone means that CPU's features
 
 from . import jit  # noqa: F401 - every kernel's on-disk cache is stamped with the whole package (jit.PackageCacheLocator)
+from .activation_operands import PER_BLOCK as SPLIT_PER_BLOCK
 from .activation_operands import prepare_for, quantize_activations
 from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat
@@ -29,9 +29,8 @@ from .forward_types import STATE_TYPE as forward_state_type
 from .forward_types import SIGMOID_ROUTER, SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER, ModelWeights, Rows, Workspace
 from .gguf_blocks import FORMATS as BLOCK_FORMATS
 from .gguf_blocks import Q4_0, Q8_0
-from .integer_products import GROUP as ROW_GROUP
-from .integer_products import PER_BLOCK as SPLIT_PER_BLOCK
-from .integer_products import group_rows
+from .grouped_layouts import GROUP as ROW_GROUP
+from .grouped_layouts import group_rows
 from .logit_mask import mask_logits
 from .matmul import add_bias, dequantize, kernels_for, matmul
 from .quantize import INT8_MAX_WEIGHT, Q4_0_BYTES, Q8_0_BYTES, quantize_int8, quantize_q4_0, quantize_q8_0, split_q8_0, to_bf16

@@ -65,7 +65,7 @@ class WeightFormat:
         return 8 * self.block_bytes / self.block + extra
 
 
-GROUP_ROWS = 16  # rows of a grouped layout (kernels.integer_products)
+GROUP_ROWS = 16  # rows of a grouped layout (kernels.grouped_layouts)
 
 _F = Operand.FLOAT32
 FORMATS = (

@@ -52,8 +52,8 @@ from .forward_types import (
 from .jit import EXACT_MATH, array_at, kernel
 from .matmul import call_row
 from .rmsnorm import norm_row
+from .row_spans import attention_tasks
 from .step_calls import row_step, run_linear, run_mlp, run_step
-from .steps import attention_tasks
 from .swiglu import softcap_row
 from .work_sharing import start_claims
 

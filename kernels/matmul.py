@@ -26,7 +26,8 @@ from numba.extending import overload
 from .activation_operands import activation, call_prepare, chunk_operand, prepare_for
 from .formats import LINEAR_SIGNATURE, ROW_SIGNATURE, Operand, WeightFormat
 from .gguf_blocks import block_rows, dequantize_block_row
-from .integer_products import grouped_row_get, grouped_rows
+from .grouped_layouts import grouped_row_get
+from .integer_products import grouped_rows
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import chunked_len, row_get, weight_at
 from .row_products import (
@@ -48,23 +49,17 @@ HALF_TASK = 8  # prefill's weight rows at a time: with 4 rows of x they stay in 
 PANEL_TOKENS = 16  # from this many rows of x on, GGUF blocks are unpacked into a panel once and swept
 # From this many rows of x on, float32, bfloat16 and int8 weights are swept by prefill's tiles
 # rather than streamed once for every row of x. A sweep's weight rows come from memory unprefetched,
-# so it pays only once enough rows of x share them: from 16, as before, a batched step of 16
-# sequences took 1.5x one of 15. Default model, batched decode steps (benchmarks/batch_steps.py,
-# trees alternating, 2026-11-27), streamed over swept: float32 16 rows 0.66-0.73x the time, 24
-# 0.77-0.82x, 32 0.70-0.78x, 48 0.77-0.79x (and still 0.85-0.93x at 64-127, but on the 1.2B shape
-# level at 32 and 64, and its prefill of 256 rows 0.83x as fast streamed); bfloat16 16 rows
-# 0.79-0.82x, 24-32 0.86-0.97x, 48 level; int8 16 rows 0.88-0.90x, 24-32 0.93-0.99x, 48 1.02-1.06x.
+# so it pays only once enough rows of x share them, later for float32's wide rows than for int8's
+# (docs/performance.md, "The measurements behind the kernels").
 SWEEP_FROM = {"float32": 64, "bfloat16": 48, "int8": 32}
 
 # From this row length on, float32 weight rows are streamed four at a time in decode. One row's
 # sum is one chain of dependent FMAs (the fixed order); short rows overlap in the out-of-order
 # window, long ones do not and leave the loop waiting on FMA latency. Below it one row at a time
-# is as fast or faster: one stream, prefetched 4 KiB ahead (default model float32 decode +4-10%
-# over four rows, 8 of 8 alternating runs). bfloat16 and int8 rows never are: a bfloat16 row has
-# two accumulators (kernels.row_products) and goes alone, unprefetched (1B shape decode +6%,
-# default model +13%, 6 of 6 alternating runs each, against four rows from K = 4096 and
-# prefetch); an int8 block is one vpmaddwd and one FMA for 32 weights, so one row's chain keeps
-# up with memory.
+# is as fast or faster: one stream, prefetched 4 KiB ahead. bfloat16 and int8 rows never are: a
+# bfloat16 row has two accumulators (kernels.row_products) and goes alone, unprefetched; an int8
+# block is one vpmaddwd and one FMA for 32 weights, so one row's chain keeps up with memory
+# (docs/performance.md, "The measurements behind the kernels").
 LONG_ROW = 4096
 NEVER = 1 << 62
 

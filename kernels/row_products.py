@@ -78,8 +78,8 @@ class _WeightRow:
         self.ptr = builder.gep(warr.data, [builder.mul(n, K)], source_etype=self.elem)
         self.chunk, x_chunk, term = LANES, load_f32, fma_acc
         self.accs = 1  # accumulators per row: chunk c goes to accumulator c % accs
-        # bfloat16 rows: vdpbf16ps streamed faster unprefetched; without it (AVX2, the products
-        # in plain vectors) prefetching 4 KiB ahead gave decode +8% (default model, 4 alternating runs)
+        # bfloat16 rows: vdpbf16ps streams faster unprefetched; without it (AVX2, the products in
+        # plain vectors) prefetching 4 KiB ahead pays (docs/performance.md)
         self.prefetched = wty.dtype != types.uint16 or not native_bf16()
         self.x_elem = F32
         self.quantized = wty.dtype == types.int8  # activations come as int16 blocks + scales
@@ -208,8 +208,7 @@ def rows_dot4(typingctx, out, o, w, s, n, x, xs):
             return [row.term(acc, row.load(i), xv) for row, acc in zip(rows, accs)]
 
         # PREFETCH_BYTES ahead would land inside these four rows (4096 elements and up), already
-        # being read; the row four below is the one this stream reads next. Measured when float32
-        # rows of 576 still took this path: faster in 18 of 24 alternating runs, +2% to +16%.
+        # being read; the row four below is the one this stream reads next.
         accs = _weight_loop(builder, rows, body, rows_below=4)
         for r, acc in enumerate(accs):
             builder.store(reduce_tree(builder, acc), builder.gep(po, [I64(r)], source_etype=F32))

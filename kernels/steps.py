@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from .activation_operands import call_prepare
-from .attention import QUERIES_PER_TASK, attend, attend_queries, first_key
+from .attention import attend, attend_queries, first_key
 from .experts import moe_layer
 from .forward_types import (
     ATTENTION_PART, FROM_ATT, FROM_GATE, FROM_XE, JOB_GATE, JOB_XE, P_COUNT, P_LAYER, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH,
@@ -15,12 +15,10 @@ from .forward_types import (
 )
 from .jit import EXACT_MATH, array_at, call_at, native_address, rows_view
 from .vector_ir import LANES
-from .kv_rows import kv_store
 from .lora import LORA_A, LORA_B, LORA_BF16, LORA_COL, LORA_F16, LORA_KIND, LORA_NEXT, LORA_OUT, LORA_RANK, ROW_GROUP, lora_rows
 from .matmul import call_linear
-from .rmsnorm import norm_row, rmsnorm_row
-from .rope import rope_row
-from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, XIELU, clamped_gated_row, gated_row, xielu_row
+from .row_spans import gate_span, norm_span, qkv_span, residual_span
+from .swiglu import CLAMPED_SWIGLU, GELU_TANH, SILU, XIELU, clamped_gated_row, xielu_row
 from .work_sharing import claim
 
 @njit(inline="always", _nrt=False)
@@ -228,11 +226,11 @@ def norm_step(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     norm = w.attn_norm if ws.params[P_WHICH] == ATTENTION_PART else w.mlp_norm
-    _norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps, w.centered_norm)
+    norm_span(T * t // threads, T * (t + 1) // threads, ws.xn, ws.x, norm, l, w.eps, w.centered_norm)
 
 
 def qkv_step(t, threads, state):
-    """Thread t's rows of q | k | v finished (_qkv_span) and their keys and values cached, float32 KV."""
+    """Thread t's rows of q | k | v finished (qkv_span) and their keys and values cached, float32 KV."""
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     _qkv_share(t, threads, rows, w, ws, k_pool.view(np.float32), v_pool.view(np.float32), cos, sin)
 
@@ -241,7 +239,7 @@ def qkv_step(t, threads, state):
 def _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin):
     """qkv_step with the pools as their KV format's rows."""
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
-    _qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
+    qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
               rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], ws.att.shape[1] // w.heads)
 
 
@@ -253,7 +251,7 @@ def residual_step(t, threads, state):
         bias, norm = w.o_bias, w.attn_out_norm
     else:
         bias, norm = w.down_bias, w.mlp_out_norm
-    _residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps, w.residual_scale)
+    residual_span(T * t // threads, T * (t + 1) // threads, ws.x, ws.proj, bias, norm, l, w.eps, w.residual_scale)
 
 
 def gate_step(t, threads, state):
@@ -261,7 +259,7 @@ def gate_step(t, threads, state):
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     gate, up = mlp_rows(ws.gate, T, ws.params[P_WIDTH]), mlp_rows(ws.up, T, ws.params[P_WIDTH])
-    _gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation == GELU_TANH)
+    gate_span(T * t // threads, T * (t + 1) // threads, gate, up, w.gate_up_bias, l, w.activation == GELU_TANH)
 
 
 def gate_step_clamped(t, threads, state):
@@ -433,131 +431,3 @@ def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool 
     steps = [chosen.get(step, step) for step in STEPS]
     unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()), *((expert_lora_step,) if not (lora and experts) else ()))
     return np.array([0 if step in unused else _compile_step(step) for step in (*steps, parallel_region)], np.int64)
-
-
-# ---------------------------------------------------------------- attention tasks and row spans
-
-
-@njit(cache=True, _nrt=False)
-def attention_tasks(tasks, positions, slots, T, nh, nkv, threads):
-    """The attention tasks of the rows into tasks[:n] (first row, end row, first head, end head);
-    returns n. A run of rows of one slot at consecutive positions (a prefill chunk) is tasks of
-    4 queries of one head, scores in 4 x 4 tiles (each key loaded once for 4 queries); a lone row
-    (decode) is tasks of one KV head with its query heads (attend: each key and value read once
-    for all of them), split in parts until the tasks divide evenly among the threads. One
-    sequence of the default model is 3 KV heads: 2 + 1 on two threads cost float32 decode 3% (4
-    alternating rounds); in 2 parts, 6 tasks of 1 or 2 heads go 4 + 5 heads."""
-    n_rep = nh // nkv
-    lone = 0
-    r = 0
-    while r < T:
-        e = _run_end(positions, slots, T, r)
-        lone += e - r == 1
-        r = e
-    parts = 1
-    while parts < n_rep and (lone * nkv * parts) % threads != 0:
-        parts += 1
-    n = 0
-    r = 0
-    while r < T:
-        e = _run_end(positions, slots, T, r)
-        if e - r == 1:
-            for kv in range(nkv):
-                for p in range(parts):
-                    tasks[n, 0], tasks[n, 1] = r, r + 1
-                    tasks[n, 2], tasks[n, 3] = kv * n_rep + n_rep * p // parts, kv * n_rep + n_rep * (p + 1) // parts
-                    n += 1
-        else:
-            for h in range(nh):
-                for q0 in range(r, e, QUERIES_PER_TASK):
-                    tasks[n, 0], tasks[n, 1], tasks[n, 2], tasks[n, 3] = q0, min(e, q0 + QUERIES_PER_TASK), h, h + 1
-                    n += 1
-        r = e
-    return n
-
-
-@njit(cache=True, _nrt=False)
-def _run_end(positions, slots, T, r):
-    """The end of the run of rows from r: one slot, consecutive positions."""
-    e = r + 1
-    while e < T and slots[e] == slots[r] and positions[e] == positions[e - 1] + 1:
-        e += 1
-    return e
-
-
-@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _norm_span(r0, r1, out, x, norm, l, eps, centered):
-    """out[t] = rmsnorm(x[t]) (layernorm when centered) with layer l's weights, or a copy of x[t]
-    where the layer has no norm at that place (norm is (L, 0))."""
-    for t in range(r0, r1):
-        if norm.shape[1] > 0:
-            norm_row(out[t], x[t], norm[l], eps, centered)
-        else:
-            for n in range(x.shape[1]):
-                out[t, n] = x[t, n]
-
-
-@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
-    """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
-    position (table -1: none); then its key and value into its slot of layer l's cache, in the
-    pools' KV format."""
-    nkv = k_pool.shape[2]
-    kv_dim = nkv * hd
-    for t in range(r0, r1):
-        if bias.shape[1] > 0:
-            for r in range(q_dim + 2 * kv_dim):
-                qkv[t, r] += bias[l, r]
-        q = qkv[t, :q_dim]
-        k = qkv[t, q_dim : q_dim + kv_dim]
-        v = qkv[t, q_dim + kv_dim :]
-        _norm_groups(q, q_norm, l, eps)
-        _norm_groups(k, k_norm, l, eps)
-        pos = positions[t]
-        if table >= 0:
-            rope_row(q, cos[table], sin[table], pos, hd)
-            rope_row(k, cos[table], sin[table], pos, hd)
-        for h in range(nkv):
-            kv_store(k_pool[slots[t], l, h, pos], k[h * hd : (h + 1) * hd])
-            kv_store(v_pool[slots[t], l, h, pos], v[h * hd : (h + 1) * hd])
-
-
-@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _norm_groups(x, norm, l, eps):
-    """RMSNorm of x in place, group by group of norm's width (a head, or the whole projection:
-    the q/k norm of Qwen3, Gemma 3 and OLMo 2); nothing when norm is (L, 0)."""
-    n = norm.shape[1]
-    if n > 0:
-        for g in range(x.shape[0] // n):
-            rmsnorm_row(x[g * n : (g + 1) * n], x[g * n : (g + 1) * n], norm[l], eps)
-
-
-@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _residual_span(r0, r1, x, proj, bias, norm, l, eps, scale):
-    """x[t] += norm(proj[t] + bias) * scale: layer l's bias row and output norm, each where the
-    model has one ((L, 0) otherwise); scale 1 but in Granite."""
-    for t in range(r0, r1):
-        if bias.shape[1] > 0:
-            for n in range(x.shape[1]):
-                proj[t, n] += bias[l, n]
-        if norm.shape[1] > 0:
-            rmsnorm_row(proj[t], proj[t], norm[l], eps)
-        if scale != 1:
-            for n in range(x.shape[1]):
-                proj[t, n] *= scale
-        for n in range(x.shape[1]):
-            x[t, n] += proj[t, n]
-
-
-@njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _gate_span(r0, r1, gate, up, bias, l, gelu):
-    """gate[t] = act(gate[t] + bias) * (up[t] + bias), bias being layer l's (gate | up) row when
-    the model has biases, act SiLU or (gelu) GELU-tanh. The loop vectorises (vector_math.divide):
-    as a scalar loop SiLU took ~4% of an int8 step."""
-    I = gate.shape[1]
-    for t in range(r0, r1):
-        if bias.shape[1] > 0:
-            for n in range(I):
-                gate[t, n] += bias[l, n]
-                up[t, n] += bias[l, I + n]
-        gated_row(gate[t], up[t], gelu)

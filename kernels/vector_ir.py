@@ -245,9 +245,8 @@ float32 by default; bfloat16 rows and columns with load=load_bf16_chunk, term=dp
     decode's batch tiles), into L2 only; from prefetch_rows, the rows' pointers, where rows are
     not themselves pointers (int8's custom loads). A tile spends ~16 FMAs on each line it reads, so
     the prefetches stay in flight far longer than a lone row's: into L1 they held the core's few L1
-    miss buffers and the tiles streamed ~19 GB/s on two cores. Into L2, a decode step of 8
-    sequences on the default model at float32 (then one 2 x 8 tile) went from ~39 to ~27 ms (three alternating rounds:
-    42.0/38.9/37.7 -> 28.1/31.3/26.0); no prefetch at all took ~54 ms."""
+    miss buffers. Into L2 a batched decode step took 0.7x the time (docs/performance.md, "The
+    measurements behind the kernels")."""
     col_load = col_load or load
     R = len(rows)
     prefetch_rows = rows if prefetch_rows is None else prefetch_rows
@@ -333,8 +332,7 @@ def tile_shape(int8: bool = False) -> tuple[int, int]:
     """(weight rows, rows of x) of a register tile on this target: 4 x 4 with AVX-512's 32 vector
     registers, 2 x 3 with 16 (AVX2: a 16-lane accumulator is two registers, 6 sums 12 of them).
     int8 tiles stay 4 x 4 everywhere: AVX2's 16 sums are 8 lanes each (int8_lanes), one register
-    (AVX2 target, default model, int8 prefill 512, medians of 3 alternating runs: 4 x 4 541
-    tok/s, 2 x 4 560, 4 x 2 501, 4 x 3 466, 3 x 4 349)."""
+    (the shapes measured: docs/performance.md)."""
     from .target import vector_registers
 
     return (4, 4) if int8 or vector_registers() >= 32 else (2, 3)
@@ -347,8 +345,7 @@ def tile_shape(int8: bool = False) -> tuple[int, int]:
 # weight to float32 instead cost one core 15 GB/s of weights; this streams 26.
 # Without AVX-512 (16 registers of 8 floats) lanes i and i + 8 are first added in int32 (at most
 # 4 * 128 * 32767 < 2**24: still exact) into 8-lane accumulators: half the conversions and FMAs
-# per product, and a tile of 4 x 4 sums fits the registers instead of spilling (int8 prefill 512
-# of the default model, haswell target: 414 -> 496 tok/s, medians of 4 alternating rounds).
+# per product, and a tile of 4 x 4 sums fits the registers instead of spilling.
 # widen_int8_sums pads them with +0.0 before the one tree, whose first level then leaves each
 # unchanged. AVX-512 keeps 16 lanes: there the same 8 lanes cost int8 prefill 13%, and two tokens'
 # 8 lanes in one register 18% (more shuffles than the conversions they save). So int8 logits

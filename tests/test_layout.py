@@ -100,6 +100,12 @@ def running_environment_paths() -> list[str]:
 
 
 @pytest.mark.slow
+def test_kernel_modules_stay_small():
+    """One concept per kernel module: none grows past about 500 lines (split it by job instead)."""
+    long = {path.name: n for path in sorted((ROOT / "kernels").glob("*.py")) if (n := len(path.read_text().splitlines())) > 520}
+    assert not long, long
+
+
 def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
     """`pip install .` (not editable) beside Hugging Face's `kernels` from PyPI: only minillm, its
     dist-info and its console script land; `import kernels` stays theirs; `minillm generate` runs.

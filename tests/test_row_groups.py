@@ -1,8 +1,11 @@
-"""Q4_0, Q5_0, Q8_0, Q4_K, Q6_K and MXFP4 in groups of 16 rows (kernels.integer_products) against plain NumPy: regrouping keeps
+"""Q4_0, Q5_0, Q8_0, Q4_K, Q6_K and MXFP4 in groups of 16 rows (kernels.grouped_layouts, kernels.integer_products) against
+plain NumPy: regrouping keeps
 every weight (dequantized bit for bit as gguf-py does), activations split into bytes exactly,
 products equal to the integer reference's, and every tile (decode, batch, prefill) gives the
 same bits."""
 
+import minillm.kernels.activation_operands as KA
+import minillm.kernels.grouped_layouts as KG
 import minillm.kernels.integer_products as KQ
 import numpy as np
 import pytest
@@ -18,14 +21,14 @@ FORMATS = [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4]
 @njit(cache=True)
 def split_rows(xo, xs, x):
     for b in range(x.shape[0]):
-        KQ.quantize_split(xo, xs, x, b)
+        KA.quantize_split(xo, xs, x, b)
 
 
 def grouped(fmt, rows, cols, seed=0):
     """(a ggml type's random blocks, the same regrouped, the grouped layout's WeightFormat)."""
     q = random_blocks(fmt, rows, cols, seed=seed)
     g = np.empty(q.shape, np.uint8)
-    layout = K.BY_CODE[KQ.group_rows(g, q, fmt)]
+    layout = K.BY_CODE[KG.group_rows(g, q, fmt)]
     return q, g, layout
 
 
@@ -57,10 +60,10 @@ def levels_and_scales(fmt, q, cols):
         return blocks[:, :, 2:].view(np.int8).astype(np.int64), d, np.zeros_like(d)
     f32 = lambda h: h.view(np.float16).astype(np.float32)[..., None]
     if fmt == Q4_K:
-        levels, sc, mn, d, dmin = KQ.q4_k_parts(q)
+        levels, sc, mn, d, dmin = KG.q4_k_parts(q)
         return (levels.reshape(N, cols // 32, 32).astype(np.int64), (f32(d) * sc).reshape(N, -1).astype(np.float32),
                 (f32(dmin) * mn).reshape(N, -1).astype(np.float32))
-    levels, scales, d = KQ.q6_k_parts(q)
+    levels, scales, d = KG.q6_k_parts(q)
     dw = (f32(d) * scales.astype(np.float32)).reshape(N, cols // 16)
     return levels.reshape(N, cols // 16, 16).astype(np.int64) - 32, dw, np.zeros_like(dw)
 
@@ -113,7 +116,7 @@ def test_activations_split_into_bytes_exactly():
     x = rng.standard_normal((3, 128)).astype(np.float32)
     x[1, :32] *= 1e4  # one large block beside small ones
     x[2, 32:64] = 0  # an all-zero block
-    xo, xs = (np.empty(shape, dt) for shape, dt in zip(KQ.operand_shapes(3, 128), (np.int16, np.float32)))
+    xo, xs = (np.empty(shape, dt) for shape, dt in zip(KA.operand_shapes(3, 128), (np.int16, np.float32)))
     split_rows(xo, xs, x)
     x16, da = split_reference(x)
     raw = xo.view(np.int8).reshape(3, 256).astype(np.int64)
@@ -202,7 +205,7 @@ def test_every_way_of_summing_bytes_is_exact(way, wide):
     np.testing.assert_array_equal(acc, want)
 
 
-@pytest.mark.parametrize("fmt,kernel,reference", [(Q4_K, KQ.group_q4_k, KQ.group_q4_k_reference), (Q6_K, KQ.group_q6_k, KQ.group_q6_k_reference)])
+@pytest.mark.parametrize("fmt,kernel,reference", [(Q4_K, KG.group_q4_k, KG.group_q4_k_reference), (Q6_K, KG.group_q6_k, KG.group_q6_k_reference)])
 def test_k_quant_regrouping_kernels_equal_their_numpy_reference(fmt, kernel, reference):
     """The Numba regrouping (10x faster at load) writes the bytes the NumPy layout describes."""
     w = random_blocks(fmt, 48, 3 * 256, seed=3)

@@ -362,7 +362,7 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
         return [runnable_blocks(rows[e * N : (e + 1) * N], fmt, group=may_group(name)) for e in range(E)]
 
     def may_group(name: str) -> bool:
-        """Whether a matrix may be regrouped (kernels.integer_products): in a fused matrix, only
+        """Whether a matrix may be regrouped (kernels.grouped_layouts): in a fused matrix, only
         with every part whole groups of 16 rows."""
         parts = {"self_attn.qkv_proj.weight": (cfg.q_dim, cfg.kv_dim), "mlp.gate_up_proj.weight": (cfg.intermediate_size,),
                  "mlp.experts.gate_up_proj.weight": (cfg.expert_intermediate_size,)}
@@ -531,7 +531,7 @@ def pack(read_rows, shape: tuple[int, int], dtype: str, path, name: str, check_f
 
 def runnable_blocks(w: np.ndarray, fmt: F.WeightFormat, group: bool = True) -> Linear:
     """GGUF blocks (uint8 rows) as the kernels run them. Q4_0, Q8_0, Q4_K and Q6_K in whole groups
-    of 16 rows are regrouped (kernels.integer_products; unless `group` is False): the same bytes,
+    of 16 rows are regrouped (kernels.grouped_layouts; unless `group` is False): the same bytes,
     interleaved so that integer dot products take 16 rows at once (Q4_0 matrices ~3x faster at
     decode). A Q8_0 matrix left is split into int8 levels and float16 scales, the I8 format: the
     same weights, which meet int16 activations in one vpmaddwd per block (1.2B shape decode ~1.9x
