@@ -12,7 +12,6 @@ from .forward_types import (
     PARALLEL_ROWS, PREPARE, TO_GATE_UP, TO_PROJ, TWO,
 )
 from .jit import call_at
-from .swiglu import XIELU
 from .matmul import ROWS_PER_TASK
 from .work_sharing import start_claims
 
@@ -68,7 +67,7 @@ def run_mlp(source, gate, T, w, ws, state):
     """proj[:T] = down(act(gate(x)) * up(x)) for the T rows of x (source), the MLP whose gate, up
     and down matrices are at gate, gate + 1, gate + 2; without a gate matrix (0 rows: Apertus)
     down(act(up(x))), up written into the gate rows the activation and down read."""
-    if w.activation == XIELU:
+    if w.matrices[gate, 1] == 0:
         ws.params[P_ROWS], ws.params[P_WIDTH] = T, w.matrices[gate + 1, 1]
         run_linear(source, ONE, gate + 1, gate + 1, gate + 1, TO_GATE_UP, w, ws, state)
     else:

@@ -4,7 +4,7 @@ metadata arrays)."""
 
 import numpy as np
 
-from .base import Fields
+from .base import Architecture
 from .llama import Llama
 
 
@@ -18,15 +18,12 @@ class Apertus(Llama):
     activations = ("xielu",)
     gated_mlp = False
     activation_tensors = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}
+    biases = Architecture.biases  # attention_bias on q, k, v and o; its MLP has none (no mlp_bias)
     docs = ("before, `x * w`", "per head", "no gate: `down(xIELU(up(x)))`, xIELU's parameters per layer", "full", "as Llama")
 
     @property
     def norm_names(self) -> dict:
         return dict(attn_norm="attention_layernorm", attn_out_norm=None, mlp_norm="feedforward_layernorm", mlp_out_norm=None)
-
-    def biases(self, fields: Fields) -> dict:
-        on = fields.boolean("attention_bias", default=False)
-        return dict(qkv_bias=on, o_bias=on, mlp_bias=False)
 
     def layer_activation(self, vector, prefix: str) -> np.ndarray:
         """transformers' XIELUActivation: alpha_p = softplus(a_p), alpha_n = beta + softplus(a_n), in float32."""
