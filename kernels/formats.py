@@ -4,7 +4,7 @@ Every weight matrix carries one of these after load (minillm.loading.checkpoint.
 and nothing downstream asks its dtype or layout again: the loaders convert and regroup by the
 table, the forward pass calls each matrix's own compiled kernels (`matmul.kernels_for`), the CLI's
 `--dtype` choices and the docs' table are read from it. Adding a format is adding a row here and
-its products in kernels.matmul.
+its kernel functions, each registered for it where it is defined (`kernel_of`, below).
 
     name      stored as (element, block)            activations meet it as (Operand)
     F32       float32 rows                          float32, FMAs
@@ -40,16 +40,26 @@ class Operand(IntEnum):
 @dataclass(frozen=True)
 class WeightFormat:
     name: str
-    code: int  # the kernels' number for it: the ggml type for GGUF's own formats
     element: type  # dtype of the stored array: float32, uint16 (bfloat16 bits), int8, uint8 (raw blocks)
     block: int  # weights per block; rows are whole blocks (1: any length)
     block_bytes: int  # bytes per block in the stored rows
     operand: Operand
     summary: str
-    ggml_type: int | None = None  # its number in GGUF files
+    ggml_type: int | None = None  # its number in GGUF files, and then its code too
+    own_code: int | None = None  # the kernels' number for a format GGUF has not
     scales_beside: bool = False  # a float16 scale per block of 32 kept beside the rows (Linear.scales)
-    grouped: str | None = None  # the 16-row layout it is regrouped into at load, when rows allow
+    groupable: bool = False  # regrouped at load into its 16-row layout (`grouped`), when rows allow
     group_of: str | None = None  # for a grouped layout: the format it regroups
+
+    @property
+    def code(self) -> int:
+        """The kernels' number for the format (a compile-time constant of its kernels)."""
+        return self.ggml_type if self.own_code is None else self.own_code
+
+    @property
+    def grouped(self) -> str | None:
+        """The name of the 16-row layout it is regrouped into, if any."""
+        return f"{self.name}_R16" if self.groupable else None
 
     @property
     def is_gguf_blocks(self) -> bool:
@@ -66,34 +76,39 @@ class WeightFormat:
 
 
 GROUP_ROWS = 16  # rows of a grouped layout (kernels.grouped_layouts)
+GROUPED_CODES = 1000  # a grouped layout's code: this + the ggml type it regroups
+
+
+def _grouped_layout(source: WeightFormat) -> WeightFormat:
+    """The row of source's 16-row layout: its blocks, met by integer dot products."""
+    return WeightFormat(source.grouped, np.uint8, source.block, source.block_bytes, Operand.SPLIT_BYTES,
+                        f"{source.name} regrouped by 16 rows: integer dot products", own_code=GROUPED_CODES + source.ggml_type,
+                        group_of=source.name)
+
 
 _F = Operand.FLOAT32
-FORMATS = (
-    WeightFormat("F32", 0, np.float32, 1, 4, _F, "float32: exact, transformers' logits", ggml_type=0),
-    WeightFormat("BF16", 30, np.uint16, 1, 2, Operand.BFLOAT16, "bfloat16: half the bytes; activations rounded to bfloat16", ggml_type=30),
-    WeightFormat("I8", 1100, np.int8, 1, 1, Operand.INT16, "int8 per block of 32 with a float16 scale, the error-minimising scale searched at load",
-                 scales_beside=True),
-    WeightFormat("F16", 1, np.uint8, 32, 64, _F, "GGUF float16 rows, widened in registers", ggml_type=1),
-    WeightFormat("Q4_0", 2, np.uint8, 32, 18, _F, "GGUF 4-bit blocks, a float16 scale", ggml_type=2, grouped="Q4_0_R16"),
-    WeightFormat("Q4_1", 3, np.uint8, 32, 20, _F, "GGUF 4-bit blocks, a float16 scale and minimum", ggml_type=3),
-    WeightFormat("Q5_0", 6, np.uint8, 32, 22, _F, "GGUF 5-bit blocks, a float16 scale", ggml_type=6, grouped="Q5_0_R16"),
-    WeightFormat("Q5_1", 7, np.uint8, 32, 24, _F, "GGUF 5-bit blocks, a float16 scale and minimum", ggml_type=7),
-    WeightFormat("Q8_0", 8, np.uint8, 32, 34, _F, "GGUF 8-bit blocks, a float16 scale", ggml_type=8, grouped="Q8_0_R16"),
-    WeightFormat("Q4_K", 12, np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, grouped="Q4_K_R16"),
-    WeightFormat("Q5_K", 13, np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
-    WeightFormat("Q6_K", 14, np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, grouped="Q6_K_R16"),
-    WeightFormat("MXFP4", 39, np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
-                 grouped="MXFP4_R16"),
-    WeightFormat("Q4_0_R16", 1002, np.uint8, 32, 18, Operand.SPLIT_BYTES, "Q4_0 regrouped by 16 rows: integer dot products", group_of="Q4_0"),
-    WeightFormat("Q5_0_R16", 1006, np.uint8, 32, 22, Operand.SPLIT_BYTES, "Q5_0 regrouped by 16 rows: integer dot products", group_of="Q5_0"),
-    WeightFormat("Q8_0_R16", 1008, np.uint8, 32, 34, Operand.SPLIT_BYTES, "Q8_0 regrouped by 16 rows: integer dot products", group_of="Q8_0"),
-    WeightFormat("Q4_K_R16", 1012, np.uint8, 256, 144, Operand.SPLIT_BYTES, "Q4_K regrouped by 16 rows: integer dot products", group_of="Q4_K"),
-    WeightFormat("Q6_K_R16", 1014, np.uint8, 256, 210, Operand.SPLIT_BYTES, "Q6_K regrouped by 16 rows: integer dot products", group_of="Q6_K"),
-    WeightFormat("MXFP4_R16", 1039, np.uint8, 32, 17, Operand.SPLIT_BYTES, "MXFP4 regrouped by 16 rows: integer dot products", group_of="MXFP4"),
+_STORED = (
+    WeightFormat("F32", np.float32, 1, 4, _F, "float32: exact, transformers' logits", ggml_type=0),
+    WeightFormat("BF16", np.uint16, 1, 2, Operand.BFLOAT16, "bfloat16: half the bytes; activations rounded to bfloat16", ggml_type=30),
+    WeightFormat("I8", np.int8, 1, 1, Operand.INT16, "int8 per block of 32 with a float16 scale, the error-minimising scale searched at load",
+                 own_code=1100, scales_beside=True),
+    WeightFormat("F16", np.uint8, 32, 64, _F, "GGUF float16 rows, widened in registers", ggml_type=1),
+    WeightFormat("Q4_0", np.uint8, 32, 18, _F, "GGUF 4-bit blocks, a float16 scale", ggml_type=2, groupable=True),
+    WeightFormat("Q4_1", np.uint8, 32, 20, _F, "GGUF 4-bit blocks, a float16 scale and minimum", ggml_type=3),
+    WeightFormat("Q5_0", np.uint8, 32, 22, _F, "GGUF 5-bit blocks, a float16 scale", ggml_type=6, groupable=True),
+    WeightFormat("Q5_1", np.uint8, 32, 24, _F, "GGUF 5-bit blocks, a float16 scale and minimum", ggml_type=7),
+    WeightFormat("Q8_0", np.uint8, 32, 34, _F, "GGUF 8-bit blocks, a float16 scale", ggml_type=8, groupable=True),
+    WeightFormat("Q4_K", np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, groupable=True),
+    WeightFormat("Q5_K", np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
+    WeightFormat("Q6_K", np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, groupable=True),
+    WeightFormat("MXFP4", np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
+                 groupable=True),
 )
+FORMATS = _STORED + tuple(_grouped_layout(f) for f in _STORED if f.groupable)
 BY_NAME = {f.name: f for f in FORMATS}
 BY_CODE = {f.code: f for f in FORMATS}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS if f.ggml_type is not None}
+assert len(BY_NAME) == len(BY_CODE) == len(FORMATS), "a format's name or code used twice"
 F32, BF16, I8 = BY_NAME["F32"], BY_NAME["BF16"], BY_NAME["I8"]
 
 # What `--dtype` converts a checkpoint's weights to at load (minillm.loading.checkpoint), and the
@@ -101,6 +116,50 @@ F32, BF16, I8 = BY_NAME["F32"], BY_NAME["BF16"], BY_NAME["I8"]
 LOAD_DTYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "I8", "q4_0": "Q4_0"}
 AS_STORED = "gguf"
 DTYPE_CHOICES = (*LOAD_DTYPES, AS_STORED)
+
+
+# ---------------------------------------------------------------- each format's kernels, by job
+#
+# As llama.cpp's type_traits_cpu: the one place that says which function does a job for a format.
+# The kernel modules put their functions here where they define them (`@kernel_of("Q4_K", "tile")`),
+# and the dispatchers look them up by the format's code (`kernel_for(code, "tile")`), so adding a
+# format is its row above plus its functions, each named for it once. Jobs:
+#   chunks   GGUF blocks run as stored: (IR builder, WeightFormat, block pointer) -> the block as
+#            float32 chunks of 16 (kernels.gguf_blocks)
+#   regroup  a grouped layout's regrouping at load: (out, rows of blocks) (kernels.grouped_layouts)
+#   row      a grouped layout's row read back as float32 (kernels.grouped_layouts)
+#   tile     a grouped layout's integer products, rows of a group x tokens (kernels.integer_products)
+# (How activations meet a format is its row's `operand`: kernels.activation_operands.)
+JOBS = ("chunks", "regroup", "row", "tile")
+_KERNELS: dict[tuple[int, str], object] = {}
+
+
+def kernel_of(names, job: str):
+    """Decorator: the function is format(s) `names`' kernel for `job` (one of JOBS)."""
+    assert job in JOBS, job
+
+    def register(fn):
+        for name in (names,) if isinstance(names, str) else names:
+            key = (BY_NAME[name].code, job)
+            assert key not in _KERNELS, f"{name} has two {job} kernels"
+            _KERNELS[key] = fn
+        return fn
+
+    return register
+
+
+def kernel_for(fmt: WeightFormat | int | None, job: str):
+    """Format fmt's (a row or its code) kernel for `job`, or None when it has none."""
+    code = fmt.code if isinstance(fmt, WeightFormat) else fmt
+    return _KERNELS.get((code, job))
+
+
+def registered_jobs() -> dict[str, set[str]]:
+    """Each format's name -> the jobs it has kernels for (what the table's test checks)."""
+    jobs: dict[str, set[str]] = {}
+    for code, job in _KERNELS:
+        jobs.setdefault(BY_CODE[code].name, set()).add(job)
+    return jobs
 
 
 def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:

@@ -2,7 +2,8 @@
 and Q4_K, Q5_K and Q6_K (super-blocks of 256), laid out as ggml and gguf-py define them, and F32,
 F16 and BF16 rows beside them (read 32 weights at a time). A weight
 matrix is its rows of raw blocks, uint8 (N, bytes per row), straight from the memory-mapped file;
-the matrix's `s` holds its ggml type (kernels.quantize.block_format).
+its format (kernels.formats) names its code, which the kernels here take as a compile-time
+constant, and each format's block reader is its "chunks" kernel in the format table.
 
 Each block is read once and dequantized in registers, 16 weights at a time, with exactly the
 roundings of gguf-py's `dequantize` (d * q, then + m or - dmin * m as separate operations, never
@@ -21,6 +22,7 @@ from llvmlite import ir
 from numba import literal_unroll, types
 from numba.extending import intrinsic, overload
 
+from .formats import BY_CODE, BY_NAME, FORMATS, kernel_for, kernel_of
 from .jit import EXACT_MATH
 from .vector_ir import (
     F32,
@@ -42,24 +44,10 @@ from .vector_ir import (
     store_sums,
 )
 
-# ggml type numbers
-F32_TYPE, F16_TYPE, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16_TYPE, MXFP4 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30, 39
-# ggml type -> (weights per block, bytes per block); float rows are read 32 weights at a time
-FORMATS = {
-    F32_TYPE: (32, 128),
-    F16_TYPE: (32, 64),
-    BF16_TYPE: (32, 64),
-    Q4_0: (32, 18),
-    Q4_1: (32, 20),
-    Q5_0: (32, 22),
-    Q5_1: (32, 24),
-    Q8_0: (32, 34),
-    Q4_K: (256, 144),
-    Q5_K: (256, 176),
-    Q6_K: (256, 210),
-    MXFP4: (32, 17),
-}
-NAMES = {F32_TYPE: "F32", F16_TYPE: "F16", BF16_TYPE: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", MXFP4: "MXFP4"}
+# What a step here reads of a row, by format code (the table's ggml formats): (weights, bytes) of
+# its whole blocks, at least 32 weights (float rows are read 32 weights at a time)
+READ = 32
+READ_UNITS = {f.code: (max(f.block, READ), max(f.block, READ) // f.block * f.block_bytes) for f in FORMATS if f.ggml_type is not None}
 # MXFP4's 16 levels: FP4 (E2M1) values, doubled (the block's scale is halved to match, as ggml's)
 MXFP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
@@ -206,77 +194,108 @@ def _intrinsic_fn(b, name, ret, args):
 
 
 def dequant_chunks(b, fmt, bp):
-    """The block at bp as float32 chunks of 16 weights, in order, each weight computed as
-    gguf-py's dequantize computes it (the same roundings, no fused multiply-add). The 4- and
-    5-bit formats form each block's (or sub-block's) 16 or 32 possible values once and look the
-    levels up in them: the same products, a permute instead of a conversion and a multiply per
-    chunk (Q4_0 decode in cache ~1.5x)."""
-    if fmt == F32_TYPE:
-        return [load_f32(b, b.bitcast(bp, F32.as_pointer()), I64(h)) for h in (0, 16)]
-    if fmt == F16_TYPE:
-        wide = half_to_f32(b, b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1))
-        return [b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
-    if fmt == BF16_TYPE:
-        bits = b.zext(b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1), ir.VectorType(I32, 32))
-        wide = b.shl(bits, ir.Constant(ir.VectorType(I32, 32), [16] * 32))
-        return [b.bitcast(b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))), VEC) for h in (0, 16)]
-    if fmt == Q8_0:
-        q = b.sext(_bytes(b, bp, 2, 32), ir.VectorType(I32, 32))
-        d = splat(b, _f16(b, bp, 0))
-        halves = [b.shuffle_vector(q, q, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
-        return [b.fmul(_as_f32(b, h), d) for h in halves]
-    if fmt in (Q4_0, Q4_1, Q5_0, Q5_1):
-        qs_at = {Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8}[fmt]
-        lo, hi = _nibble_halves(b, _bytes(b, bp, qs_at, 16))
-        n = 16
-        if fmt in (Q5_0, Q5_1):
-            hb = _high_bit_halves(b, _word(b, bp, 2 if fmt == Q5_0 else 4))
-            lo, hi, n = b.or_(lo, hb[0]), b.or_(hi, hb[1]), 32
-        d = _f16(b, bp, 0)
-        # Q4_0, Q5_0: d * (q - 8 or 16); Q4_1, Q5_1: d * q + m
-        sub = {Q4_0: 8, Q5_0: 16}.get(fmt, 0)
-        offset = (_f16(b, bp, 2), 1) if fmt in (Q4_1, Q5_1) else None
-        tables = _level_values(b, list(range(n)), d, offset, sub) if _permute_ready() else None
-        return [_pick(b, tables, h, d, offset, sub) for h in (lo, hi)]
-    if fmt == MXFP4:
-        d = e8m0_half(b, b.zext(_byte(b, bp, 0), I32))  # weight = 2^(e - 128) * level
-        lo, hi = _nibble_halves(b, _bytes(b, bp, 1, 16))
-        if _permute_ready():
-            tables = _level_values(b, list(MXFP4_LEVELS), d)
-            return [_pick(b, tables, h, d) for h in (lo, hi)]
-        return [b.fmul(splat(b, d), _as_f32(b, mxfp4_levels(b, h))) for h in (lo, hi)]
-    if fmt in (Q4_K, Q5_K):
-        d, dmin = _f16(b, bp, 0), _f16(b, bp, 2)
-        qs_at = 16 if fmt == Q4_K else 48
-        n = 16 if fmt == Q4_K else 32
-        out = []
-        for s in range(8):
-            sc, m = _k4_scale_min(b, bp, s)
-            # scalar: all 8 at once in vectors, broadcast per sub-block, measured 4% slower in cache
-            ds, dm = b.fmul(d, sc), b.fmul(dmin, m)  # each weight: ds * q - dm
-            tables = _level_values(b, list(range(n)), ds, (dm, -1)) if _permute_ready() else None
-            for h in (0, 16):
-                raw = b.zext(_bytes(b, bp, qs_at + 32 * (s // 2) + h, 16), I32_VEC)
-                q = b.and_(raw, _ivec(b, raw, 15)) if s % 2 == 0 else b.lshr(raw, _ivec(b, raw, 4))
-                if fmt == Q5_K:
-                    high = b.and_(b.lshr(b.zext(_bytes(b, bp, 16 + h, 16), I32_VEC), _ivec(b, raw, s)), _ivec(b, raw, 1))
-                    q = b.or_(q, b.shl(high, _ivec(b, raw, 4)))
-                out.append(_pick(b, tables, q, ds, (dm, -1)))
-        return out
-    if fmt == Q6_K:
-        # every chunk of 16's d * scale at once (int8 scales at bp + 192), one lane each
-        scales = b.fmul(splat(b, _f16(b, bp, 208)), b.sitofp(b.sext(_bytes(b, bp, 192, LANES), I32_VEC), VEC))
-        out = []
-        for s in range(8):
-            half, k = divmod(s, 4)
-            for h in (0, 16):
-                raw = b.zext(_bytes(b, bp, 64 * half + 32 * (k & 1) + h, 16), I32_VEC)
-                low = b.lshr(raw, _ivec(b, raw, 4)) if k >= 2 else b.and_(raw, _ivec(b, raw, 15))
-                high = b.and_(b.lshr(b.zext(_bytes(b, bp, 128 + 32 * half + h, 16), I32_VEC), _ivec(b, raw, 2 * k)), _ivec(b, raw, 3))
-                q = b.sub(b.or_(low, b.shl(high, _ivec(b, raw, 4))), _ivec(b, raw, 32))
-                out.append(b.fmul(_lane(b, scales, 8 * half + 2 * k + h // 16), _as_f32(b, q)))
-        return out
-    raise ValueError(f"no block format {fmt}")
+    """The block at bp (fmt: its format's code) as float32 chunks of 16 weights, in order, each
+    weight computed as gguf-py's dequantize computes it (the same roundings, no fused
+    multiply-add): the format's "chunks" kernel. The 4- and 5-bit formats form each block's (or
+    sub-block's) 16 or 32 possible values once and look the levels up in them: the same products,
+    a permute instead of a conversion and a multiply per chunk (Q4_0 decode in cache ~1.5x)."""
+    chunks = kernel_for(fmt, "chunks")
+    if chunks is None:
+        raise ValueError(f"no block format {fmt}")
+    return chunks(b, BY_CODE[fmt], bp)
+
+
+@kernel_of("F32", "chunks")
+def _float32_chunks(b, fmt, bp):
+    return [load_f32(b, b.bitcast(bp, F32.as_pointer()), I64(h)) for h in (0, 16)]
+
+
+@kernel_of("F16", "chunks")
+def _float16_chunks(b, fmt, bp):
+    wide = half_to_f32(b, b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1))
+    return [b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
+
+
+@kernel_of("BF16", "chunks")
+def _bfloat16_chunks(b, fmt, bp):
+    bits = b.zext(b.load(b.bitcast(bp, ir.VectorType(I16, 32).as_pointer()), align=1), ir.VectorType(I32, 32))
+    wide = b.shl(bits, ir.Constant(ir.VectorType(I32, 32), [16] * 32))
+    return [b.bitcast(b.shuffle_vector(wide, wide, ir.Constant(I32_VEC, list(range(h, h + 16)))), VEC) for h in (0, 16)]
+
+
+@kernel_of("Q8_0", "chunks")
+def _q8_0_chunks(b, fmt, bp):
+    q = b.sext(_bytes(b, bp, 2, 32), ir.VectorType(I32, 32))
+    d = splat(b, _f16(b, bp, 0))
+    halves = [b.shuffle_vector(q, q, ir.Constant(I32_VEC, list(range(h, h + 16)))) for h in (0, 16)]
+    return [b.fmul(_as_f32(b, h), d) for h in halves]
+
+
+@kernel_of(("Q4_0", "Q4_1", "Q5_0", "Q5_1"), "chunks")
+def _q4_q5_chunks(b, fmt, bp):
+    """A float16 scale d, a float16 minimum m for Q4_1/Q5_1 (after d), 5-bit formats' high bits
+    (a 32-bit word after those), then 16 bytes of low nibbles."""
+    with_min, five_bit = fmt.name.endswith("_1"), fmt.name.startswith("Q5")
+    head = 4 if with_min else 2
+    lo, hi = _nibble_halves(b, _bytes(b, bp, head + 4 * five_bit, 16))
+    n = 16
+    if five_bit:
+        hb = _high_bit_halves(b, _word(b, bp, head))
+        lo, hi, n = b.or_(lo, hb[0]), b.or_(hi, hb[1]), 32
+    d = _f16(b, bp, 0)
+    # Q4_0, Q5_0: d * (q - 8 or 16); Q4_1, Q5_1: d * q + m
+    sub = 0 if with_min else n // 2
+    offset = (_f16(b, bp, 2), 1) if with_min else None
+    tables = _level_values(b, list(range(n)), d, offset, sub) if _permute_ready() else None
+    return [_pick(b, tables, h, d, offset, sub) for h in (lo, hi)]
+
+
+@kernel_of("MXFP4", "chunks")
+def _mxfp4_chunks(b, fmt, bp):
+    d = e8m0_half(b, b.zext(_byte(b, bp, 0), I32))  # weight = 2^(e - 128) * level
+    lo, hi = _nibble_halves(b, _bytes(b, bp, 1, 16))
+    if _permute_ready():
+        tables = _level_values(b, list(MXFP4_LEVELS), d)
+        return [_pick(b, tables, h, d) for h in (lo, hi)]
+    return [b.fmul(splat(b, d), _as_f32(b, mxfp4_levels(b, h))) for h in (lo, hi)]
+
+
+@kernel_of(("Q4_K", "Q5_K"), "chunks")
+def _q4_k_q5_k_chunks(b, fmt, bp):
+    five_bit = fmt.name == "Q5_K"
+    d, dmin = _f16(b, bp, 0), _f16(b, bp, 2)
+    qs_at = 48 if five_bit else 16
+    n = 32 if five_bit else 16
+    out = []
+    for s in range(8):
+        sc, m = _k4_scale_min(b, bp, s)
+        # scalar: all 8 at once in vectors, broadcast per sub-block, measured 4% slower in cache
+        ds, dm = b.fmul(d, sc), b.fmul(dmin, m)  # each weight: ds * q - dm
+        tables = _level_values(b, list(range(n)), ds, (dm, -1)) if _permute_ready() else None
+        for h in (0, 16):
+            raw = b.zext(_bytes(b, bp, qs_at + 32 * (s // 2) + h, 16), I32_VEC)
+            q = b.and_(raw, _ivec(b, raw, 15)) if s % 2 == 0 else b.lshr(raw, _ivec(b, raw, 4))
+            if five_bit:
+                high = b.and_(b.lshr(b.zext(_bytes(b, bp, 16 + h, 16), I32_VEC), _ivec(b, raw, s)), _ivec(b, raw, 1))
+                q = b.or_(q, b.shl(high, _ivec(b, raw, 4)))
+            out.append(_pick(b, tables, q, ds, (dm, -1)))
+    return out
+
+
+@kernel_of("Q6_K", "chunks")
+def _q6_k_chunks(b, fmt, bp):
+    # every chunk of 16's d * scale at once (int8 scales at bp + 192), one lane each
+    scales = b.fmul(splat(b, _f16(b, bp, 208)), b.sitofp(b.sext(_bytes(b, bp, 192, LANES), I32_VEC), VEC))
+    out = []
+    for s in range(8):
+        half, k = divmod(s, 4)
+        for h in (0, 16):
+            raw = b.zext(_bytes(b, bp, 64 * half + 32 * (k & 1) + h, 16), I32_VEC)
+            low = b.lshr(raw, _ivec(b, raw, 4)) if k >= 2 else b.and_(raw, _ivec(b, raw, 15))
+            high = b.and_(b.lshr(b.zext(_bytes(b, bp, 128 + 32 * half + h, 16), I32_VEC), _ivec(b, raw, 2 * k)), _ivec(b, raw, 3))
+            q = b.sub(b.or_(low, b.shl(high, _ivec(b, raw, 4))), _ivec(b, raw, 32))
+            out.append(b.fmul(_lane(b, scales, 8 * half + 2 * k + h // 16), _as_f32(b, q)))
+    return out
 
 
 # ---------------------------------------------------------------- tiles
@@ -306,7 +325,7 @@ def prefetch_offsets(step_bytes: int) -> list[int]:
 
 def _block_at(b, row, i, fmt):
     """Pointer to the block of `row` holding weight i (a multiple of the block size)."""
-    block, size = FORMATS[fmt]
+    block, size = READ_UNITS[fmt]
     return b.gep(row, [b.mul(b.sdiv(i, I64(block)), I64(size))], source_etype=I8)
 
 
@@ -316,9 +335,9 @@ def block_tile(typingctx, fmt, R, G, out, col, w, n, x, t):
     of float32 x (T, K), for R rows by G tokens (fmt, R and G compile-time constants), each the
     float32 path's dot product of the dequantized row."""
     F, nr, ng = literal_value(fmt), literal_value(R), literal_value(G)
-    if F not in FORMATS or not nr or not ng or x.dtype != types.float32:
+    if F not in READ_UNITS or not nr or not ng or x.dtype != types.float32:
         return None
-    block, size = FORMATS[F]
+    block, size = READ_UNITS[F]
     sig = types.void(fmt, R, G, out, col, w, n, x, t)
 
     def codegen(context, builder, signature, args):
@@ -374,9 +393,9 @@ def dequantize_block_row(typingctx, fmt, w, n, out):
     """out[:] = row n of block-format weights w (ggml type fmt, a compile-time constant) as
     float32, bit for bit what gguf-py's dequantize gives (an embedding row)."""
     F = literal_value(fmt)
-    if F not in FORMATS:
+    if F not in READ_UNITS:
         return None
-    block = FORMATS[F][0]
+    block = READ_UNITS[F][0]
     sig = types.void(fmt, w, n, out)
 
     def codegen(context, builder, signature, args):
@@ -408,11 +427,11 @@ def block_rows(fmt, out, col, w, n0, n1, x):
 @overload(block_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _block_rows(fmt, out, col, w, n0, n1, x):
     F = literal_value(fmt)
-    if F not in FORMATS:
+    if F not in READ_UNITS:
         return None
     # rows side by side below 8 tokens: four, but two for Q8_0, whose 34-byte blocks stream from
     # memory ~45% faster that way (1.2B-shaped matvec on two threads, 30 against 20 GB/s)
-    R_DECODE = 2 if F == Q8_0 else 4
+    R_DECODE = 2 if F == BY_NAME["Q8_0"].code else 4
 
     def rows(fmt, out, col, w, n0, n1, x):
         T = x.shape[0]
@@ -478,7 +497,7 @@ def _row_tokens(fmt, R, out, col, w, n, x):
 @overload(_row_tokens, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _row_tokens_impl(fmt, R, out, col, w, n, x):
     F, nr = literal_value(fmt), literal_value(R)
-    if F not in FORMATS or nr not in (1, 2):
+    if F not in READ_UNITS or nr not in (1, 2):
         return None
 
     def tokens(fmt, R, out, col, w, n, x):

@@ -19,31 +19,25 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .formats import BY_GGML_TYPE, BY_NAME, FORMATS, GROUP_ROWS
+from .formats import BY_GGML_TYPE, BY_NAME, GROUP_ROWS, kernel_for, kernel_of
 from .gguf_blocks import MXFP4_LEVELS, literal_value
 from .jit import EXACT_MATH, kernel
 from .vector_ir import QBLOCK, as_i64, half_to_f32
 
 GROUP = GROUP_ROWS
-GROUPED = {BY_NAME[f.group_of].ggml_type: f.code for f in FORMATS if f.group_of}  # ggml type -> its grouped layout's code
-Q4_0_R16, Q5_0_R16, Q8_0_R16, Q4_K_R16, Q6_K_R16, MXFP4_R16 = (BY_NAME[name].code for name in (
-    "Q4_0_R16", "Q5_0_R16", "Q8_0_R16", "Q4_K_R16", "Q6_K_R16", "MXFP4_R16"))
 Q4_0_BYTES = BY_NAME["Q4_0"].block_bytes  # 18: a float16 scale, 16 bytes of levels
 GROUP_BLOCK_BYTES = GROUP * Q4_0_BYTES  # 288: 16 scales, then 4 words of 64 bytes
 
 
-def can_group(w: np.ndarray, ggml_type: int = BY_NAME["Q4_0"].ggml_type) -> bool:
-    """Whether a matrix of a groupable block format (GROUPED: uint8 rows of blocks) can be regrouped:
-    whole groups of 16 rows."""
-    return ggml_type in GROUPED and w.shape[0] % GROUP == 0 and w.shape[1] % BY_GGML_TYPE[ggml_type].block_bytes == 0
-
-
 def group_rows(out, w, ggml_type: int) -> int:
-    """out (w's shape: the same bytes) = w (N, bytes per row; N % 16 == 0) regrouped: its layout."""
-    REGROUP[GROUPED[ggml_type]](out, w)
-    return GROUPED[ggml_type]
+    """out (w's shape: the same bytes) = w (N, bytes per row; N % 16 == 0), rows of blocks of a
+    groupable ggml format, regrouped: returns its layout's code."""
+    layout = BY_NAME[BY_GGML_TYPE[ggml_type].grouped]
+    kernel_for(layout, "regroup")(out, w)
+    return layout.code
 
 
+@kernel_of("Q4_0_R16", "regroup")
 def group_q4_0(out, w):
     """out = Q4_0 rows w (N, blocks * 18) regrouped as Q4_0_R16 (same shape): N % 16 == 0."""
     group_nibbles(out, w, 2)
@@ -94,6 +88,7 @@ def _row_in_group(w, n):
     return w.reshape(N * row_bytes), g * GROUP * row_bytes, r
 
 
+@kernel_of("Q4_0_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
@@ -123,6 +118,7 @@ Q5_0_GROUP_BYTES = GROUP * Q5_0_BYTES  # 352
 Q5_0_NIBBLES_AT = 32 + 64  # after the scales and the fifth bits
 
 
+@kernel_of("Q5_0_R16", "regroup")
 def group_q5_0(out, w):
     """out = Q5_0 rows w (N, blocks * 22) regrouped as Q5_0_R16 (same shape): N % 16 == 0."""
     N = w.shape[0]
@@ -141,6 +137,7 @@ def group_q5_0(out, w):
     out.reshape(G, nb, Q5_0_GROUP_BYTES)[:] = np.concatenate([d, fifth, nibbles], axis=2)
 
 
+@kernel_of("Q5_0_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q5_r16_row_get(w, n, out):
     """out[:] = row n of Q5_0_R16 weights as float32: d * (level - 16), as gguf-py dequantizes."""
@@ -168,6 +165,7 @@ Q8_0_BYTES = BY_NAME["Q8_0"].block_bytes  # 34
 Q8_0_GROUP_BYTES = GROUP * Q8_0_BYTES  # 544
 
 
+@kernel_of("Q8_0_R16", "regroup")
 def group_q8_0(out, w):
     """out = Q8_0 rows w (N, blocks * 34) regrouped as Q8_0_R16 (same shape): N % 16 == 0."""
     N = w.shape[0]
@@ -179,6 +177,7 @@ def group_q8_0(out, w):
     out.reshape(G, nb, Q8_0_GROUP_BYTES)[:] = np.concatenate([d, levels], axis=2)
 
 
+@kernel_of("Q8_0_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
@@ -217,6 +216,7 @@ def q6_k_parts(raw: np.ndarray):
     return levels, blocks[..., 192:208].view(np.int8), blocks[..., 208:210].copy().view(np.uint16)[..., 0]
 
 
+@kernel_of("Q6_K_R16", "regroup")
 @kernel()
 def group_q6_k(out, w):
     """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0. Per
@@ -271,6 +271,7 @@ def group_q6_k_reference(out, w):
     out.reshape(G, sb, Q6_K_GROUP_BYTES)[:] = np.concatenate([ds, sc, words], axis=2)
 
 
+@kernel_of("Q6_K_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
@@ -321,6 +322,7 @@ def q4_k_parts(raw: np.ndarray):
     return levels, sc, mn, d, dmin
 
 
+@kernel_of("Q4_K_R16", "regroup")
 @kernel()
 def group_q4_k(out, w):
     """out = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16 (same shape): N % 16 == 0. Per group
@@ -365,6 +367,7 @@ def group_q4_k_reference(out, w):
     out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
 
 
+@kernel_of("Q4_K_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
@@ -403,6 +406,7 @@ MXFP4_GROUP_BYTES = GROUP * MXFP4_BYTES  # 272
 MXFP4_OFFSET = -min(MXFP4_LEVELS)  # 12
 
 
+@kernel_of("MXFP4_R16", "regroup")
 def group_mxfp4(out, w):
     """out = MXFP4 rows w (N, blocks * 17) regrouped as MXFP4_R16 (same shape): N % 16 == 0."""
     group_nibbles(out, w, 1)
@@ -411,6 +415,7 @@ def group_mxfp4(out, w):
 _MXFP4_VALUES = np.array(MXFP4_LEVELS, np.float32)
 
 
+@kernel_of("MXFP4_R16", "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def mxfp4_r16_row_get(w, n, out):
     """out[:] = row n of MXFP4_R16 weights as float32: 2^(e - 128) * level, as gguf-py dequantizes."""
@@ -425,11 +430,7 @@ def mxfp4_r16_row_get(w, n, out):
                 out[QBLOCK * k + 16 + 4 * o + j] = d * _MXFP4_VALUES[byte >> 4]
 
 
-# ---------------------------------------------------------------- each layout's kernels, by its code
-
-REGROUP = {Q4_0_R16: group_q4_0, Q5_0_R16: group_q5_0, Q8_0_R16: group_q8_0, Q4_K_R16: group_q4_k, Q6_K_R16: group_q6_k, MXFP4_R16: group_mxfp4}
-ROW_GETTERS = {Q4_0_R16: q4_r16_row_get, Q5_0_R16: q5_r16_row_get, Q8_0_R16: q8_r16_row_get, Q4_K_R16: qk_r16_row_get, Q6_K_R16: q6_r16_row_get,
-               MXFP4_R16: mxfp4_r16_row_get}
+# ---------------------------------------------------------------- reading a grouped row, by the layout's code
 
 
 def grouped_row_get(fmt, w, n, out):
@@ -440,7 +441,7 @@ def grouped_row_get(fmt, w, n, out):
 
 @overload(grouped_row_get, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _grouped_row_get(fmt, w, n, out):
-    getter = ROW_GETTERS.get(literal_value(fmt))
+    getter = kernel_for(literal_value(fmt), "row")
     if getter is None:
         return None
     return lambda fmt, w, n, out: getter(w, n, out)

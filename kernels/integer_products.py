@@ -26,10 +26,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .activation_operands import PER_BLOCK
+from .formats import kernel_for, kernel_of
 from .gguf_blocks import MXFP4_LEVELS, e8m0_half, literal_value, mxfp4_levels, prefetch_offsets
 from .grouped_layouts import (
-    GROUP, GROUP_BLOCK_BYTES, MXFP4_GROUP_BYTES, MXFP4_OFFSET, MXFP4_R16, Q4_0_R16, Q4_K_GROUP_BYTES, Q4_K_PLANES_AT, Q4_K_R16,
-    Q4_K_WORDS_AT, Q5_0_GROUP_BYTES, Q5_0_NIBBLES_AT, Q5_0_R16, Q6_K_GROUP_BYTES, Q6_K_R16, Q6_K_WORDS_AT, Q8_0_GROUP_BYTES, Q8_0_R16,
+    GROUP, GROUP_BLOCK_BYTES, MXFP4_GROUP_BYTES, MXFP4_OFFSET, Q4_K_GROUP_BYTES, Q4_K_PLANES_AT, Q4_K_WORDS_AT, Q5_0_GROUP_BYTES,
+    Q5_0_NIBBLES_AT, Q6_K_GROUP_BYTES, Q6_K_WORDS_AT, Q8_0_GROUP_BYTES,
 )
 from .jit import EXACT_MATH
 from .target import has
@@ -290,7 +291,7 @@ def _q4_parts(b, bp, words_at=32):
 
 
 _q4_step = _block_step(8, 15, _q4_parts)
-q4_r16_tile = _group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile).")
+q4_r16_tile = kernel_of("Q4_0_R16", "tile")(_group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile)."))
 
 
 # ---------------------------------------------------------------- Q5_0, Q8_0, Q6_K, Q4_K, MXFP4 (their layouts: kernels.grouped_layouts)
@@ -310,11 +311,11 @@ def _q5_parts(b, bp):
 
 
 _q5_step = _block_step(16, 31, _q5_parts)
-q5_r16_tile = _group_tile(Q5_0_GROUP_BYTES, QBLOCK, _q5_step, "Q5_0_R16 rows of group g . G tokens (_group_tile).")
+q5_r16_tile = kernel_of("Q5_0_R16", "tile")(_group_tile(Q5_0_GROUP_BYTES, QBLOCK, _q5_step, "Q5_0_R16 rows of group g . G tokens (_group_tile)."))
 
 
 _q8_step = _block_step(128, 255, lambda b, bp: [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)])  # levels as they are stored
-q8_r16_tile = _group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile).")
+q8_r16_tile = kernel_of("Q8_0_R16", "tile")(_group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile)."))
 
 Q6_K_PREFETCH = 4096  # bytes ahead of a step that it asks for, one line (docs/performance.md, "Integer products")
 
@@ -351,7 +352,7 @@ def _q6_step(b, bp, k, tokens, totals):
     return loop(b, I64(0), I64(16), 1, totals, sub_block)
 
 
-q6_r16_tile = _group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of group g . G tokens (_group_tile).")
+q6_r16_tile = kernel_of("Q6_K_R16", "tile")(_group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of group g . G tokens (_group_tile)."))
 
 
 def _qk_step(b, bp, k, tokens, totals):
@@ -395,7 +396,7 @@ def _qk_step(b, bp, k, tokens, totals):
     return loop(b, I64(0), I64(8), 1, totals, sub_block)
 
 
-qk_r16_tile = _group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile).")
+qk_r16_tile = kernel_of("Q4_K_R16", "tile")(_group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile)."))
 
 
 def _powers_of_two(b, bp):
@@ -420,13 +421,10 @@ def _mxfp4_levels(b, codes):
 
 _mxfp4_step = _block_step(MXFP4_OFFSET, MXFP4_OFFSET + max(MXFP4_LEVELS), lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],
                           _powers_of_two)
-mxfp4_r16_tile = _group_tile(MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step, "MXFP4_R16 rows of group g . G tokens (_group_tile).")
+mxfp4_r16_tile = kernel_of("MXFP4_R16", "tile")(_group_tile(MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step, "MXFP4_R16 rows of group g . G tokens (_group_tile)."))
 
 
-# ---------------------------------------------------------------- each layout's tile, by its code
-
-TILES = {Q4_0_R16: q4_r16_tile, Q5_0_R16: q5_r16_tile, Q8_0_R16: q8_r16_tile, Q4_K_R16: qk_r16_tile, Q6_K_R16: q6_r16_tile,
-         MXFP4_R16: mxfp4_r16_tile}
+# ---------------------------------------------------------------- a grouped matrix's rows, by the layout's code
 
 
 def grouped_rows(fmt, out, col, w, g, xo, xs):
@@ -440,7 +438,7 @@ def grouped_rows(fmt, out, col, w, g, xo, xs):
 
 @overload(grouped_rows, prefer_literal=True, jit_options={"fastmath": EXACT_MATH})
 def _grouped_rows(fmt, out, col, w, g, xo, xs):
-    tile = TILES.get(literal_value(fmt))
+    tile = kernel_for(literal_value(fmt), "tile")
     if tile is None:
         return None
 

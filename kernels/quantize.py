@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .gguf_blocks import FORMATS, Q4_0, Q8_0
+from .formats import BY_NAME
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
 from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits, half_to_f32
 from .target import has
@@ -233,8 +233,8 @@ def quantize_int8(q, s, w):
                 q[n, k] = np.int8(min(np.float32(127.0), max(np.float32(-127.0), np.rint(w[n, k] * inv))))
 
 
-Q4_0_BYTES = FORMATS[Q4_0][1]  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
-Q8_0_BYTES = FORMATS[Q8_0][1]  # per block of 32: a float16 scale, 32 int8 levels
+Q4_0_BYTES = BY_NAME["Q4_0"].block_bytes  # per block of 32: a float16 scale, 16 bytes of 4-bit levels
+Q8_0_BYTES = BY_NAME["Q8_0"].block_bytes  # per block of 32: a float16 scale, 32 int8 levels
 
 
 @kernel()

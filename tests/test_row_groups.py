@@ -10,11 +10,12 @@ import minillm.kernels.integer_products as KQ
 import numpy as np
 import pytest
 from gguf_tiny import random_blocks
-from minillm.kernels.gguf_blocks import MXFP4, MXFP4_LEVELS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
+from minillm.kernels.gguf_blocks import MXFP4_LEVELS
 from numba import njit
 
 from minillm import kernels as K
 
+Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 = (K.BY_NAME[name].ggml_type for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "MXFP4"))
 FORMATS = [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4]
 
 

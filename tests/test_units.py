@@ -425,3 +425,19 @@ def test_the_format_table_agrees_with_gguf_py():
         if fmt.group_of:
             source = BY_NAME[fmt.group_of]
             assert (fmt.block, fmt.block_bytes, source.grouped) == (source.block, source.block_bytes, fmt.name)
+
+
+def test_every_format_names_its_kernels_once():
+    """The table is the dispatch: each GGUF format run as stored has its block reader, each grouped
+    layout its regrouping, row reader and tile, registered under the format's code, and nothing is
+    registered for a format that cannot use it (a stale kernel, or a job a row does not have)."""
+    import minillm.kernels  # noqa: F401 - every kernel module registers its functions as it is imported
+    from minillm.kernels.formats import FORMATS, registered_jobs
+
+    needs = {}
+    for fmt in FORMATS:
+        if fmt.group_of:
+            needs[fmt.name] = {"regroup", "row", "tile"}
+        elif fmt.ggml_type is not None:
+            needs[fmt.name] = {"chunks"}
+    assert registered_jobs() == needs
