@@ -323,10 +323,11 @@ def context_size(P: int, G: int) -> int:
     return max(1024, -(-(P + G) // 256) * 256)
 
 
-def run_minillm(model: Path, dtype: str | None, P: int, G: int, threads: int) -> dict:
+def run_minillm(model: Path, dtype: str | None, P: int, G: int, threads: int, activations: int | None = None) -> dict:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     cmd = [sys.executable, str(ROOT / "cli.py"), "bench", "--model", str(model), "--prompt-tokens", str(P),
            "--gen-tokens", str(G), "--ctx", str(context_size(P, G)), "--json"] + (["--dtype", dtype] if dtype else [])
+    cmd += ["--activations", str(activations)] if activations else []
     return last_json(sh(cmd, env=env))
 
 

@@ -5,7 +5,8 @@
 For each GGUF of the default model (Q4_0 and Q4_K_M made by llama.cpp's quantizer from its F32
 GGUF, and the shipped Q4_1 file) it reports:
 - minillm running the file as stored against the same file dequantized to float32 (imported) and
-  run at float32: top-1 agreement over every scored position, max abs logit difference;
+  run at float32: top-1 agreement over every scored position, max abs logit difference; with
+  16-bit activations (the default) and with 8-bit ones (`--activations 8`, llama.cpp's numerics);
 - the perplexity of each engine on the file and on the float32 weights (minillm: the float32
   import of the default model; llama.cpp: the F32 GGUF), and the increase the 4-bit file costs.
 Both engines score the very same token ids (minillm's tokenizer) in HF's sliding windows.
@@ -114,6 +115,7 @@ def main() -> None:
     print(f"float32 weights: minillm {ours_f32:.4f}, llama.cpp (F32 GGUF) {theirs_f32:.4f}")
     for name, path in files.items():
         ours, logits = minillm_run(Model.load(path), ids, args.ctx, args.stride)
+        ours8, logits8 = minillm_run(Model.load(path, activations=8), ids, args.ctx, args.stride)
         with tempfile.TemporaryDirectory() as tmp:  # the same file dequantized to float32
             dequantized, ref_logits = minillm_run(Model.load(import_gguf(path, Path(tmp) / "m", progress=False)), ids, args.ctx, args.stride)
         theirs = llama_perplexity(path, ids_file, args.ctx, args.stride)
@@ -123,11 +125,16 @@ def main() -> None:
             "positions": len(logits),
             "minillm": ours, "minillm_dequantized_float32": dequantized, "llama.cpp": theirs,
             "minillm_increase": ours / ours_f32 - 1, "llama.cpp_increase": theirs / theirs_f32 - 1,
+            "minillm_8bit": ours8, "minillm_8bit_increase": ours8 / ours_f32 - 1,
+            "top1_8bit_vs_dequantized": float((logits8.argmax(-1) == ref_logits.argmax(-1)).mean()),
+            "max_abs_8bit_vs_dequantized": float(np.abs(logits8 - ref_logits).max()),
         }
         report["files"][name] = row
         print(f"{name}: minillm {ours:.4f} ({row['minillm_increase'] * 100:+.2f}% over float32), "
               f"llama.cpp {theirs:.4f} ({row['llama.cpp_increase'] * 100:+.2f}%); minillm vs the dequantized file at "
-              f"float32: top-1 {row['top1_vs_dequantized'] * 100:.1f}% of {row['positions']}, max abs {row['max_abs_vs_dequantized']:.2g}")
+              f"float32: top-1 {row['top1_vs_dequantized'] * 100:.1f}% of {row['positions']}, max abs {row['max_abs_vs_dequantized']:.2g}; "
+              f"8-bit activations {ours8:.4f} ({row['minillm_8bit_increase'] * 100:+.2f}%), top-1 {row['top1_8bit_vs_dequantized'] * 100:.1f}%, "
+              f"max abs {row['max_abs_8bit_vs_dequantized']:.2g}")
     (ROOT / "benchmarks" / "perplexity_results.json").write_text(json.dumps(report, indent=2) + "\n")
 
 

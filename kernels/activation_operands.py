@@ -37,6 +37,7 @@ ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
 I8 = ir.IntType(8)
 PER_BLOCK = 3  # quantize_split's float32 words per block of 32: the scale, two sums of 16
 SPLIT_LEVELS = 32639.0  # 127 * 256 + 127: the largest int16 whose high byte, rounded, is int8
+BYTE_LEVELS = 127.0  # int8 activations (Operand.BYTES), as llama.cpp's Q8_0
 
 
 @intrinsic
@@ -72,17 +73,13 @@ def quantize_blocks(typingctx, xq, xs, x, b):
     return sig, codegen
 
 
-@intrinsic
-def quantize_split(typingctx, xo, xs, x, b):
-    """Row b of float32 x (T, K) as Q4_0_R16 products read it, per block j of 32: int16 levels x16
-    (quantized_block, levels +-32639) split as hi = (x16 + 128) >> 8 and lo = x16 - 256 hi, both
-    int8; xo[b] (2K bytes: int16 (T, K) reused) holds the K lo bytes, then the K hi bytes;
-    xs[b, 3j] the block's float32 scale, xs[b, 3j + 1] and xs[b, 3j + 2] the int32 bits of
-    sum(x16) over its first and its second 16 (for the weights' level offsets)."""
-    sig = types.void(xo, xs, x, b)
+def _quantized_bytes(levels: float):
+    """The codegen of an intrinsic (xo, xs, x, b) quantizing row b of x per block of 32 to
+    -levels..levels: split into two bytes for SPLIT_LEVELS, one byte for BYTE_LEVELS."""
+    split = levels > BYTE_LEVELS
 
-    def codegen(context, builder, signature, args):
-        b = builder
+    def codegen(context, b, signature, args):
+
         oty, sty, xty, _ = signature.args
         xarr = context.make_array(xty)(context, b, args[2])
         K = b.extract_value(xarr.shape, 1)
@@ -98,24 +95,45 @@ def quantize_split(typingctx, xo, xs, x, b):
         bytes16 = ir.VectorType(I8, LANES)
 
         def block(i, _):
-            scale, halves = quantized_block(b, px, i, SPLIT_LEVELS)
+            scale, halves = quantized_block(b, px, i, levels)
             j3 = b.mul(b.sdiv(i, I64(QBLOCK)), I64(PER_BLOCK))
             b.store(scale, b.gep(ps, [j3], source_etype=F32))
             for h, q in enumerate(halves):
-                x16 = b.fptosi(q, I32_VEC)
-                hi = b.ashr(b.add(x16, ivec(128)), ivec(8))
-                lo = b.sub(x16, b.shl(hi, ivec(8)))
+                xq = b.fptosi(q, I32_VEC)
                 at = b.add(i, I64(h * LANES))
-                for p, v in ((plo, lo), (phi, hi)):
+                if split:
+                    hi = b.ashr(b.add(xq, ivec(128)), ivec(8))
+                    parts = ((plo, b.sub(xq, b.shl(hi, ivec(8)))), (phi, hi))
+                else:
+                    parts = ((phi, xq),)
+                for p, v in parts:
                     b.store(b.trunc(v, bytes16), b.bitcast(b.gep(p, [at], source_etype=I8), bytes16.as_pointer()), align=1)
-                total = b.call(sum_fn, [x16])
+                total = b.call(sum_fn, [xq])
                 b.store(total, b.bitcast(b.gep(ps, [b.add(j3, I64(1 + h))], source_etype=F32), I32.as_pointer()))
             return []
 
         loop(b, I64(0), b.and_(K, I64(-QBLOCK)), QBLOCK, [], block)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def quantize_split(typingctx, xo, xs, x, b):
+    """Row b of float32 x (T, K) as grouped layouts' products read it (Operand.SPLIT_BYTES), per
+    block j of 32: int16 levels x16 (quantized_block, levels +-32639) split as hi = (x16 + 128) >> 8
+    and lo = x16 - 256 hi, both int8; xo[b] (2K bytes: int16 (T, K) reused) holds the K lo bytes,
+    then the K hi bytes; xs[b, 3j] the block's float32 scale, xs[b, 3j + 1] and xs[b, 3j + 2] the
+    int32 bits of sum(x16) over its first and its second 16 (for the weights' level offsets)."""
+    return types.void(xo, xs, x, b), _quantized_bytes(SPLIT_LEVELS)
+
+
+@intrinsic
+def quantize_bytes(typingctx, xo, xs, x, b):
+    """Row b of x as quantize_split lays it out, but int8 levels (-127..127, scale = the block's
+    largest magnitude / 127, nearest even: llama.cpp's Q8_0 activations) in the hi bytes' place
+    and no lo bytes (Operand.BYTES); xs's sums are of those levels."""
+    return types.void(xo, xs, x, b), _quantized_bytes(BYTE_LEVELS)
 
 
 def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -213,6 +231,12 @@ def make_prepare(operand):
         def prepare(xo, xs, x, r0, r1):
             for r in range(r0, r1):
                 quantize_split(xo, xs, x, r)
+
+    elif operand == Operand.BYTES:
+
+        def prepare(xo, xs, x, r0, r1):
+            for r in range(r0, r1):
+                quantize_bytes(xo, xs, x, r)
 
     else:
         raise ValueError(f"nothing to prepare for {operand!r}")

@@ -12,6 +12,7 @@ its kernel functions, each registered for it where it is defined (`kernel_of`, b
     I8        int8 rows + a float16 scale per 32    int16 per block of 32, vpmaddwd
     Q4_0..MXFP4 GGUF blocks as stored (uint8 rows)  float32: each block dequantized in registers
     *_R16     those blocks regrouped by 16 rows     int16 split into bytes: integer dot products
+    *_R16_A8  the same bytes                        int8: half the integer products (`--activations 8`)
 
 Each compiled kernel has one C signature whatever the format (weights come as their raw bytes),
 and the forward pass calls it through its address: a format's code is compiled only when a model
@@ -35,6 +36,7 @@ class Operand(IntEnum):
     BFLOAT16 = 1  # rounded to bfloat16 bits
     INT16 = 2  # quantized to int16 per block of 32 (scale = the block's largest magnitude / 32767)
     SPLIT_BYTES = 3  # int16 per block of 32 (largest / 32639), each split into a high and a low byte
+    BYTES = 4  # int8 per block of 32 (largest / 127): llama.cpp's Q8_0 activations, half the products
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,18 @@ class WeightFormat:
 
 
 GROUP_ROWS = 16  # rows of a grouped layout (kernels.grouped_layouts)
-GROUPED_CODES = 1000  # a grouped layout's code: this + the ggml type it regroups
+ACTIVATION_BITS = (16, 8)  # what activations are quantized to against a grouped layout (`--activations`)
+EIGHT_BIT = "_A8"  # the name of a grouped layout met by 8-bit activations: Q4_0_R16_A8
 
 
-def _grouped_layout(source: WeightFormat) -> WeightFormat:
-    """The row of source's 16-row layout: its blocks, met by integer dot products."""
-    return WeightFormat(source.grouped, np.uint8, source.block, source.block_bytes, Operand.SPLIT_BYTES,
-                        f"{source.name} regrouped by 16 rows: integer dot products", own_code=GROUPED_CODES + source.ggml_type,
+def _grouped_layout(source: WeightFormat, bits: int) -> WeightFormat:
+    """The row of source's 16-row layout met by activations of `bits` bits: its blocks, met by
+    integer dot products; code 1000 (16-bit) or 2000 (8-bit) + the ggml type it regroups."""
+    if bits == 16:
+        return WeightFormat(source.grouped, np.uint8, source.block, source.block_bytes, Operand.SPLIT_BYTES,
+                            f"{source.name} regrouped by 16 rows: integer dot products", own_code=1000 + source.ggml_type, group_of=source.name)
+    return WeightFormat(source.grouped + EIGHT_BIT, np.uint8, source.block, source.block_bytes, Operand.BYTES,
+                        f"{source.name} regrouped by 16 rows, met by 8-bit activations (llama.cpp's numerics): half the products", own_code=2000 + source.ggml_type,
                         group_of=source.name)
 
 
@@ -104,7 +111,7 @@ _STORED = (
     WeightFormat("MXFP4", np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
                  groupable=True),
 )
-FORMATS = _STORED + tuple(_grouped_layout(f) for f in _STORED if f.groupable)
+FORMATS = _STORED + tuple(_grouped_layout(f, bits) for bits in ACTIVATION_BITS for f in _STORED if f.groupable)
 BY_NAME = {f.name: f for f in FORMATS}
 BY_CODE = {f.code: f for f in FORMATS}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS if f.ggml_type is not None}
@@ -160,6 +167,22 @@ def registered_jobs() -> dict[str, set[str]]:
     for code, job in _KERNELS:
         jobs.setdefault(BY_CODE[code].name, set()).add(job)
     return jobs
+
+
+def layouts_of(name: str) -> tuple[str, ...]:
+    """The grouped layouts of format `name`, one per activation width: the same bytes, so the
+    same regrouping and row reader (their kernels are registered for all of them)."""
+    return tuple(f.name for f in FORMATS if f.group_of == name)
+
+
+def with_activations(fmt: WeightFormat, bits: int) -> WeightFormat:
+    """The format a matrix of fmt runs as when activations are quantized to `bits` bits against
+    grouped layouts (the same weights: a grouped layout's other row); any other format unchanged."""
+    if bits not in ACTIVATION_BITS:
+        raise ValueError(f"activations must be {' or '.join(map(str, ACTIVATION_BITS))} bits, got {bits}")
+    if not fmt.group_of:
+        return fmt
+    return BY_NAME[BY_NAME[fmt.group_of].grouped + (EIGHT_BIT if bits == 8 else "")]
 
 
 def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:

@@ -74,7 +74,7 @@ class ModelWeights(NamedTuple):
     linear: np.ndarray  # (M,) int64: the address of each matrix's linear kernel
     row: np.ndarray  # (M,) int64: of its row kernel (the embedding's is read)
     operand: np.ndarray  # (M,) int64: the Operand its activations are prepared as
-    prepare: np.ndarray  # (4,) int64: the address of each Operand's prepare kernel, 0 for none
+    prepare: np.ndarray  # (len(Operand),) int64: the address of each Operand's prepare kernel, 0 for none
     steps: np.ndarray  # (len(STEPS) + 1,) int64: the addresses of the steps' kernels, then of the parallel region
     attn_norm: np.ndarray  # (L, H) before attention, or (L, 0)
     attn_out_norm: np.ndarray  # (L, H) on attention's output, or (L, 0)
@@ -136,8 +136,8 @@ class Workspace(NamedTuple):
     proj: np.ndarray  # (R, H) o / down projection before the residual add
     gate: np.ndarray  # (1, R * widest I): the MLP's gate rows, (T, I) for the layer's I (mlp_rows)
     up: np.ndarray  # (1, R * widest I)
-    operands: np.ndarray  # (4, R * max K) uint16: activations prepared per Operand (flat; viewed (T, K))
-    operand_scales: np.ndarray  # (4, R * (3 max K / 32 + 1)) float32: their block scales
+    operands: np.ndarray  # (len(Operand), R * max K) uint16: activations prepared per Operand (flat; viewed (T, K))
+    operand_scales: np.ndarray  # (len(Operand), R * (3 max K / 32 + 1)) float32: their block scales
     scratch: np.ndarray  # (threads, 8 max K) float32: a thread's panel or scale table (kernels.matmul)
     scores: np.ndarray  # (threads * max(4, n_rep), ctx) float32: a thread's attention score rows
     claims: np.ndarray  # (2 max(3, 2 E), threads) int64: the task shares of up to three matrices, or of the expert jobs (kernels.work_sharing)

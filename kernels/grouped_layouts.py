@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .formats import BY_GGML_TYPE, BY_NAME, GROUP_ROWS, kernel_for, kernel_of
+from .formats import BY_GGML_TYPE, BY_NAME, GROUP_ROWS, kernel_for, kernel_of, layouts_of
 from .gguf_blocks import MXFP4_LEVELS, literal_value
 from .jit import EXACT_MATH, kernel
 from .vector_ir import QBLOCK, as_i64, half_to_f32
@@ -37,7 +37,7 @@ def group_rows(out, w, ggml_type: int) -> int:
     return layout.code
 
 
-@kernel_of("Q4_0_R16", "regroup")
+@kernel_of(layouts_of("Q4_0"), "regroup")
 def group_q4_0(out, w):
     """out = Q4_0 rows w (N, blocks * 18) regrouped as Q4_0_R16 (same shape): N % 16 == 0."""
     group_nibbles(out, w, 2)
@@ -88,7 +88,7 @@ def _row_in_group(w, n):
     return w.reshape(N * row_bytes), g * GROUP * row_bytes, r
 
 
-@kernel_of("Q4_0_R16", "row")
+@kernel_of(layouts_of("Q4_0"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q4_r16_row_get(w, n, out):
     """out[:] = row n of Q4_0_R16 weights w as float32: d * (level - 8), as gguf-py dequantizes."""
@@ -118,7 +118,7 @@ Q5_0_GROUP_BYTES = GROUP * Q5_0_BYTES  # 352
 Q5_0_NIBBLES_AT = 32 + 64  # after the scales and the fifth bits
 
 
-@kernel_of("Q5_0_R16", "regroup")
+@kernel_of(layouts_of("Q5_0"), "regroup")
 def group_q5_0(out, w):
     """out = Q5_0 rows w (N, blocks * 22) regrouped as Q5_0_R16 (same shape): N % 16 == 0."""
     N = w.shape[0]
@@ -137,7 +137,7 @@ def group_q5_0(out, w):
     out.reshape(G, nb, Q5_0_GROUP_BYTES)[:] = np.concatenate([d, fifth, nibbles], axis=2)
 
 
-@kernel_of("Q5_0_R16", "row")
+@kernel_of(layouts_of("Q5_0"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q5_r16_row_get(w, n, out):
     """out[:] = row n of Q5_0_R16 weights as float32: d * (level - 16), as gguf-py dequantizes."""
@@ -165,7 +165,7 @@ Q8_0_BYTES = BY_NAME["Q8_0"].block_bytes  # 34
 Q8_0_GROUP_BYTES = GROUP * Q8_0_BYTES  # 544
 
 
-@kernel_of("Q8_0_R16", "regroup")
+@kernel_of(layouts_of("Q8_0"), "regroup")
 def group_q8_0(out, w):
     """out = Q8_0 rows w (N, blocks * 34) regrouped as Q8_0_R16 (same shape): N % 16 == 0."""
     N = w.shape[0]
@@ -177,7 +177,7 @@ def group_q8_0(out, w):
     out.reshape(G, nb, Q8_0_GROUP_BYTES)[:] = np.concatenate([d, levels], axis=2)
 
 
-@kernel_of("Q8_0_R16", "row")
+@kernel_of(layouts_of("Q8_0"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q8_r16_row_get(w, n, out):
     """out[:] = row n of Q8_0_R16 weights as float32: d * level, as gguf-py dequantizes."""
@@ -216,7 +216,7 @@ def q6_k_parts(raw: np.ndarray):
     return levels, blocks[..., 192:208].view(np.int8), blocks[..., 208:210].copy().view(np.uint16)[..., 0]
 
 
-@kernel_of("Q6_K_R16", "regroup")
+@kernel_of(layouts_of("Q6_K"), "regroup")
 @kernel()
 def group_q6_k(out, w):
     """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0. Per
@@ -271,7 +271,7 @@ def group_q6_k_reference(out, w):
     out.reshape(G, sb, Q6_K_GROUP_BYTES)[:] = np.concatenate([ds, sc, words], axis=2)
 
 
-@kernel_of("Q6_K_R16", "row")
+@kernel_of(layouts_of("Q6_K"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def q6_r16_row_get(w, n, out):
     """out[:] = row n of Q6_K_R16 weights w as float32: (d * scale) * (level - 32), as gguf-py."""
@@ -322,7 +322,7 @@ def q4_k_parts(raw: np.ndarray):
     return levels, sc, mn, d, dmin
 
 
-@kernel_of("Q4_K_R16", "regroup")
+@kernel_of(layouts_of("Q4_K"), "regroup")
 @kernel()
 def group_q4_k(out, w):
     """out = Q4_K rows w (N, sb * 144) regrouped as Q4_K_R16 (same shape): N % 16 == 0. Per group
@@ -367,7 +367,7 @@ def group_q4_k_reference(out, w):
     out.reshape(G, sb, Q4_K_GROUP_BYTES)[:] = np.concatenate([heads, words], axis=2)
 
 
-@kernel_of("Q4_K_R16", "row")
+@kernel_of(layouts_of("Q4_K"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def qk_r16_row_get(w, n, out):
     """out[:] = row n of Q4_K_R16 weights as float32: (d * scale) * level - dmin * minimum."""
@@ -406,7 +406,7 @@ MXFP4_GROUP_BYTES = GROUP * MXFP4_BYTES  # 272
 MXFP4_OFFSET = -min(MXFP4_LEVELS)  # 12
 
 
-@kernel_of("MXFP4_R16", "regroup")
+@kernel_of(layouts_of("MXFP4"), "regroup")
 def group_mxfp4(out, w):
     """out = MXFP4 rows w (N, blocks * 17) regrouped as MXFP4_R16 (same shape): N % 16 == 0."""
     group_nibbles(out, w, 1)
@@ -415,7 +415,7 @@ def group_mxfp4(out, w):
 _MXFP4_VALUES = np.array(MXFP4_LEVELS, np.float32)
 
 
-@kernel_of("MXFP4_R16", "row")
+@kernel_of(layouts_of("MXFP4"), "row")
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
 def mxfp4_r16_row_get(w, n, out):
     """out[:] = row n of MXFP4_R16 weights as float32: 2^(e - 128) * level, as gguf-py dequantizes."""

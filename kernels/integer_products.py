@@ -11,7 +11,10 @@ token, blocks are then added in order in float32: total = fma(float(int sum), we
 activation scale, total). Integer sums have no order, and that float chain is the same in every
 tile, so decode, batched decode and prefill agree bit for bit. Against the file dequantized and
 run at float32, a product's error is that of 16-bit activations (about 1/65000 of a block's
-largest value): llama.cpp meets Q4_0 with 8-bit ones.
+largest value). Each layout has a second tile for 8-bit activations (Operand.BYTES, the `_R16_A8`
+rows; `--activations 8`): int8 levels per block (largest / 127, llama.cpp's Q8_0 activations) in
+the hi bytes' place and no lo bytes, so one chain of products instead of two, llama.cpp's
+numerics (its Q8_K activations for K-quants are blocks of 256; these stay blocks of 32).
 
 A Q5_0 step shifts each lane's fifth bits into place, a Q4_K step unpacks its 6-bit scales and
 minimums for the 16 rows at once, an MXFP4 step looks its FP4 codes up as integer levels and its
@@ -26,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .activation_operands import PER_BLOCK
-from .formats import kernel_for, kernel_of
+from .formats import BY_NAME, Operand, kernel_for, kernel_of, layouts_of
 from .gguf_blocks import MXFP4_LEVELS, e8m0_half, literal_value, mxfp4_levels, prefetch_offsets
 from .grouped_layouts import (
     GROUP, GROUP_BLOCK_BYTES, MXFP4_GROUP_BYTES, MXFP4_OFFSET, Q4_K_GROUP_BYTES, Q4_K_PLANES_AT, Q4_K_WORDS_AT, Q5_0_GROUP_BYTES,
@@ -121,12 +124,21 @@ def _broadcast4(b, p, off):
 STREAMED_TILE = 2
 
 
-def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
+def _tiles(source: str, step_bytes: int, step_weights: int, step) -> None:
+    """The tiles of source's grouped layouts (_group_tile), one per activation width, each
+    registered as its layout's "tile" kernel."""
+    for name in layouts_of(source):
+        bits = 8 if BY_NAME[name].operand == Operand.BYTES else 16
+        kernel_of(name, "tile")(_group_tile(step_bytes, step_weights, step, bits, f"{name} rows of group g . G tokens (_group_tile)."))
+
+
+def _group_tile(step_bytes: int, step_weights: int, step, bits: int, doc: str):
     """An intrinsic tile(out, col, w, g, xo, xs, t, G) over a grouped layout: out[t + j, col +
     16 g + r] = row 16 g + r of w . token t + j, for the 16 rows of group g and G tokens (G a
-    compile-time constant) of quantize_split's xo, xs. The group is read in steps of step_bytes
-    (step_weights weights of each row); step(b, bp, k, tokens, totals) adds step k (at bp) to
-    each token's 16 totals. tokens: per token, (its lo bytes, its hi bytes, its xs row)."""
+    compile-time constant) of quantize_split's xo, xs (bits 16; quantize_bytes's for 8). The group
+    is read in steps of step_bytes (step_weights weights of each row); step(b, bp, k, tokens,
+    totals) adds step k (at bp) to each token's 16 totals. tokens: per token, (its lo bytes or
+    None for 8-bit activations, its hi bytes (the int8 levels), its xs row)."""
 
     def typer(typingctx, out, col, w, g, xo, xs, t, G):
         ng = literal_value(G)
@@ -151,7 +163,8 @@ def _group_tile(step_bytes: int, step_weights: int, step, doc: str):
             tokens = []
             for j in range(ng):
                 lo = b.gep(act, [b.mul(b.add(t0, I64(j)), b.mul(K, I64(2)))], source_etype=I8)
-                tokens.append((lo, b.gep(lo, [K], source_etype=I8), b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
+                tokens.append((lo if bits == 16 else None, b.gep(lo, [K], source_etype=I8),
+                               b.gep(xsarr.data, [b.mul(b.add(t0, I64(j)), xs_width)], source_etype=F32)))
 
             first_tile = b.icmp_signed("==", t0, I64(0))  # later tiles find the group in cache
 
@@ -194,9 +207,9 @@ def _exact_sums(b, token, e, parts, level_max, corr=None):
     plo, phi, _ = token
     zero = ir.Constant(I32_VEC, [0] * LANES)
     sums = []
-    for p in (phi, plo):
+    for p in (phi, plo) if plo is not None else (phi,):
         chains = [zero] * CHAINS
-        if p is plo and corr is not None:
+        if p is (plo or phi) and corr is not None:
             chains[0] = splat(b, corr)
         for i, (levels, off) in enumerate(parts):
             chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=level_max >= 128)
@@ -204,6 +217,8 @@ def _exact_sums(b, token, e, parts, level_max, corr=None):
         for chain in chains[1:]:
             total = b.add(total, chain)
         sums.append(total)
+    if plo is None:  # 8-bit activations: the levels' sums themselves
+        return sums[0]
     return b.add(b.shl(sums[0], ir.Constant(I32_VEC, [8] * LANES)), sums[1])
 
 
@@ -222,7 +237,7 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
     per = max(1, 32767 // (256 * level_max))
     plo, phi, _ = token
     sums = []
-    for p in (phi, plo):
+    for p in (phi, plo) if plo is not None else (phi,):
         words = [None, None]  # int32 sums of each 32-byte half
         for g in range(0, len(parts), per):
             pairs = [None, None]
@@ -235,6 +250,8 @@ def _avx2_sums(b, token, e, parts, corr, level_max):
                 v = b.call(maddwd, [pairs[h], ones])
                 words[h] = v if words[h] is None else b.add(words[h], v)
         sums.append(b.shuffle_vector(words[0], words[1], ir.Constant(I32_VEC, list(range(LANES)))))
+    if plo is None:  # 8-bit activations: the levels' sums themselves
+        return sums[0] if corr is None else b.add(sums[0], splat(b, corr))
     hi, lo = sums
     if corr is not None:
         lo = b.add(lo, splat(b, corr))
@@ -291,7 +308,7 @@ def _q4_parts(b, bp, words_at=32):
 
 
 _q4_step = _block_step(8, 15, _q4_parts)
-q4_r16_tile = kernel_of("Q4_0_R16", "tile")(_group_tile(GROUP_BLOCK_BYTES, QBLOCK, _q4_step, "Q4_0_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("Q4_0", GROUP_BLOCK_BYTES, QBLOCK, _q4_step)
 
 
 # ---------------------------------------------------------------- Q5_0, Q8_0, Q6_K, Q4_K, MXFP4 (their layouts: kernels.grouped_layouts)
@@ -311,11 +328,11 @@ def _q5_parts(b, bp):
 
 
 _q5_step = _block_step(16, 31, _q5_parts)
-q5_r16_tile = kernel_of("Q5_0_R16", "tile")(_group_tile(Q5_0_GROUP_BYTES, QBLOCK, _q5_step, "Q5_0_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("Q5_0", Q5_0_GROUP_BYTES, QBLOCK, _q5_step)
 
 
 _q8_step = _block_step(128, 255, lambda b, bp: [(_word64(b, bp, 32 + 64 * o), 4 * o) for o in range(8)])  # levels as they are stored
-q8_r16_tile = kernel_of("Q8_0_R16", "tile")(_group_tile(Q8_0_GROUP_BYTES, QBLOCK, _q8_step, "Q8_0_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("Q8_0", Q8_0_GROUP_BYTES, QBLOCK, _q8_step)
 
 Q6_K_PREFETCH = 4096  # bytes ahead of a step that it asks for, one line (docs/performance.md, "Integer products")
 
@@ -352,7 +369,7 @@ def _q6_step(b, bp, k, tokens, totals):
     return loop(b, I64(0), I64(16), 1, totals, sub_block)
 
 
-q6_r16_tile = kernel_of("Q6_K_R16", "tile")(_group_tile(Q6_K_GROUP_BYTES, 256, _q6_step, "Q6_K_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("Q6_K", Q6_K_GROUP_BYTES, 256, _q6_step)
 
 
 def _qk_step(b, bp, k, tokens, totals):
@@ -396,7 +413,7 @@ def _qk_step(b, bp, k, tokens, totals):
     return loop(b, I64(0), I64(8), 1, totals, sub_block)
 
 
-qk_r16_tile = kernel_of("Q4_K_R16", "tile")(_group_tile(Q4_K_GROUP_BYTES, 256, _qk_step, "Q4_K_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("Q4_K", Q4_K_GROUP_BYTES, 256, _qk_step)
 
 
 def _powers_of_two(b, bp):
@@ -421,7 +438,7 @@ def _mxfp4_levels(b, codes):
 
 _mxfp4_step = _block_step(MXFP4_OFFSET, MXFP4_OFFSET + max(MXFP4_LEVELS), lambda b, bp: [(_mxfp4_levels(b, codes), first) for codes, first in _q4_parts(b, bp, words_at=16)],
                           _powers_of_two)
-mxfp4_r16_tile = kernel_of("MXFP4_R16", "tile")(_group_tile(MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step, "MXFP4_R16 rows of group g . G tokens (_group_tile)."))
+_tiles("MXFP4", MXFP4_GROUP_BYTES, QBLOCK, _mxfp4_step)
 
 
 # ---------------------------------------------------------------- a grouped matrix's rows, by the layout's code

@@ -334,7 +334,7 @@ def make_linear(fmt: WeightFormat):
     """The compiled `linear` kernel of one format (kernels.formats.LINEAR_SIGNATURE): thread t's
     tasks of 16 rows, claimed from `claims`, against every row of x."""
     code = fmt.code
-    if fmt.operand == Operand.SPLIT_BYTES:
+    if fmt.group_of:  # a grouped layout: integer products
 
         def linear(out, col, w, scales, x, xo, xs, scratch, claims, t):
             xq = xo.view(np.int16)
@@ -371,7 +371,7 @@ def make_linear(fmt: WeightFormat):
 def make_row(fmt: WeightFormat):
     """The compiled `row` kernel of one format: a row as float32, as gguf-py dequantizes it."""
     code = fmt.code
-    if fmt.operand == Operand.SPLIT_BYTES:
+    if fmt.group_of:  # a grouped layout: integer products
 
         def row(out, w, scales, n):
             grouped_row_get(code, w, n, out)

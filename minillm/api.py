@@ -86,7 +86,7 @@ class LLM:
         # what was loaded: a checkpoint directory or a GGUF file (a Hub name's, in the Hub's cache)
         self.source = model_path(options.model, options.revision, progress)
         self._model: Model | None = Model.load(self.source, ctx=options.ctx, dtype=options.dtype, check_finite=options.check_weights, threads=options.threads,
-                                kv_dtype=options.kv_dtype)
+                                kv_dtype=options.kv_dtype, activations=options.activations)
         # where the tokenizer and generation config are: a GGUF's, rebuilt from its metadata
         self.model_dir = tokenizer_files(self.source)[0]
         self.files = LLMFiles(self.model_dir, self.model.config, options.chat_template)
@@ -326,6 +326,8 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     threads: the most threads a step uses (default: every CPU); fewer are used while more would
     wait on a busy machine (minillm.core.threads).
+    activations: 16 (default) or 8: the bits activations are quantized to against GGUF blocks run on
+    integer products; 8 is llama.cpp's numerics (faster prefill, its accuracy).
     kv_dtype: how the KV cache (and the prefix cache) keeps keys and values: "float32" (default;
     exact), "float16" or "bfloat16" (half the memory), "q8_0" (34 bytes per 32 values, as
     llama.cpp's -ctk/-ctv q8_0). Attention widens them to float32 as it reads, with the same sums.
@@ -397,7 +399,7 @@ def load_draft(model: Model, source: Path, options: Options) -> Model:
     q4_0 for a GGUF), with the model's context."""
     source = model_path(options.draft_model) if options.draft_model else Path(source)
     dtype = options.draft_dtype or ("q4_0" if source.suffix == ".gguf" else "int8")
-    draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads, kv_dtype=options.kv_dtype)
+    draft = Model.load(source, ctx=model.ctx, dtype=dtype, threads=options.threads, kv_dtype=options.kv_dtype, activations=options.activations)
     if draft.config.vocab_size != model.config.vocab_size:
         raise UsageError(f"--draft-model {source}: its vocabulary has {draft.config.vocab_size} tokens, the model's "
                          f"{model.config.vocab_size}; a draft must share the model's tokenizer")

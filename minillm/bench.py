@@ -32,15 +32,17 @@ def run(
     prompt: list[int] | None = None,
     kv_dtype: str = "float32",
     lora: tuple[str, ...] = (),
+    activations: int = 16,
 ) -> dict:
     """Load, warm up, then time a prefill of `prompt_tokens` and `gen_tokens` greedy decode steps
     (of `prompt` when given: a text whose output repeats it shows what speculation gains). With
     `speculation` (Options whose speculative is set: its spec_* and draft_* fields), also the same
     greedy generation through the engine with and without it: tokens/s from the first token on,
     and the tokens proposed and accepted. lora: LoRA adapters ("[NAME=]PATH[:SCALE]") every step
-    runs with, their updates summed (load_s includes reading them)."""
+    runs with, their updates summed (load_s includes reading them). activations: 16 or 8 bits
+    against GGUF blocks run on integer products."""
     t0 = time.perf_counter()
-    model = Model.load(model_dir, ctx=ctx, dtype=dtype, kv_dtype=kv_dtype)
+    model = Model.load(model_dir, ctx=ctx, dtype=dtype, kv_dtype=kv_dtype, activations=activations)
     adapter = None
     if lora:
         adapter = combined([load_adapter(path, model.config, name, scale) for name, path, scale in map(parse_lora_spec, lora)])
@@ -76,6 +78,7 @@ def run(
         "model": str(model_dir),
         "dtype": model.dtype,
         "kv_dtype": model.kv_dtype,
+        "activations": model.activations,
         "kv_bytes_per_token": model.kv_bytes_per_token,  # keys and values, every layer
         "ctx": model.ctx,
         "prompt_tokens": prompt_tokens,

@@ -63,6 +63,7 @@ def _model_flags(p, several: bool = False) -> None:
     p.add_argument("--check-weights", action="store_true", help=Options.help("check_weights"))
     p.add_argument("--threads", type=int, metavar="N", help=Options.help("threads"))
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=Options.help("kv_dtype"))
+    p.add_argument("--activations", type=int, choices=[16, 8], help=Options.help("activations"))
     p.add_argument("--lora", action="append", metavar="[NAME=]PATH[:SCALE]", help=Options.help("lora"))
 
 
@@ -344,7 +345,7 @@ def cmd_bench(args) -> int:
 
         prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
     result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt,
-                 kv_dtype=args.kv_dtype or "float32", lora=tuple(args.lora or ()))
+                 kv_dtype=args.kv_dtype or "float32", lora=tuple(args.lora or ()), activations=args.activations or 16)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -567,7 +568,7 @@ def cmd_warmup(args) -> int:
         import minillm
 
         start = time.perf_counter()
-        minillm.load(args.model, kv_dtype=args.kv_dtype)
+        minillm.load(args.model, kv_dtype=args.kv_dtype, activations=args.activations or 16)
         print(f"kernels for {args.model} ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         return 0
     formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or ())

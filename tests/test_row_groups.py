@@ -25,11 +25,12 @@ def split_rows(xo, xs, x):
         KA.quantize_split(xo, xs, x, b)
 
 
-def grouped(fmt, rows, cols, seed=0):
-    """(a ggml type's random blocks, the same regrouped, the grouped layout's WeightFormat)."""
+def grouped(fmt, rows, cols, seed=0, bits=16):
+    """(a ggml type's random blocks, the same regrouped, the grouped layout's WeightFormat met by
+    activations of `bits` bits)."""
     q = random_blocks(fmt, rows, cols, seed=seed)
     g = np.empty(q.shape, np.uint8)
-    layout = K.BY_CODE[KG.group_rows(g, q, fmt)]
+    layout = K.formats.with_activations(K.BY_CODE[KG.group_rows(g, q, fmt)], bits)
     return q, g, layout
 
 
@@ -69,25 +70,30 @@ def levels_and_scales(fmt, q, cols):
     return levels.reshape(N, cols // 16, 16).astype(np.int64) - 32, dw, np.zeros_like(dw)
 
 
-def split_reference(x):
-    """quantize_split in NumPy: int16 levels per block (scale amax / 32639), hi and lo bytes."""
+LEVELS = {16: 32639, 8: 127}  # quantize_split's int16 levels, quantize_bytes's int8 ones
+
+
+def split_reference(x, bits=16):
+    """quantize_split (bits 16) or quantize_bytes (8) in NumPy: levels per block (scale amax /
+    the largest level), rounded to nearest even."""
     T, K = x.shape
+    top = LEVELS[bits]
     blocks = x.reshape(T, K // 32, 32)
     amax = np.abs(blocks).max(-1)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(32639.0) / amax, np.float32(0.0)).astype(np.float32)
-    x16 = np.clip(np.rint(blocks * inv[..., None]), -32639, 32639).astype(np.int64)
-    return x16, (amax / np.float32(32639.0)).astype(np.float32)
+        inv = np.where(amax > 0, np.float32(top) / amax, np.float32(0.0)).astype(np.float32)
+    x16 = np.clip(np.rint(blocks * inv[..., None]), -top, top).astype(np.int64)
+    return x16, (amax / np.float32(top)).astype(np.float32)
 
 
-def products_reference(fmt, q, x):
+def products_reference(fmt, q, x, bits=16):
     """Each row . token as the kernels form it: the exact integer sum of a block's products, then
     blocks in order, total = total + float(sum) * (weight scale * activation scale), in float64
     rounded to float32 at each step (a fused multiply-add but for the rare double rounding)."""
     T, K = x.shape
     levels, dw, dm = levels_and_scales(fmt, q, K)
     size = levels.shape[2]
-    x16, da = split_reference(x)
+    x16, da = split_reference(x, bits)
     ints = np.einsum("nkj,tkj->tnk", levels, x16.reshape(T, K // size, size))
     sums = x16.reshape(T, K // size, size).sum(-1).astype(np.float32).astype(np.float64)
     total = np.zeros((T, q.shape[0]), np.float32)
@@ -128,26 +134,57 @@ def test_activations_split_into_bytes_exactly():
     np.testing.assert_array_equal(xs[:, 2::3].view(np.int32), x16[..., 16:].sum(-1))
 
 
+def test_activations_quantized_to_bytes_as_llama_cpp_does():
+    """8-bit activations: levels -127..127 per block of 32 at amax / 127 (Q8_0's), in the hi
+    bytes' place, their sums beside; and the same levels as llama.cpp's quantize_row_q8_0
+    (gguf-py's Q8_0 quantizer, whose scale is stored as float16: compared through the levels)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    x[1, :32] *= 1e4
+    x[2, 32:64] = 0
+    xo, xs = (np.empty(shape, dt) for shape, dt in zip(KA.operand_shapes(3, 128), (np.int16, np.float32)))
+    byte_rows(xo, xs, x)
+    x8, da = split_reference(x, 8)
+    hi = xo.view(np.int8).reshape(3, 256)[:, 128:].astype(np.int64)
+    np.testing.assert_array_equal(hi, x8.reshape(3, 128))
+    np.testing.assert_array_equal(xs[:, 0::3], da)
+    np.testing.assert_array_equal(xs[:, 1::3].view(np.int32), x8[..., :16].sum(-1))
+    np.testing.assert_array_equal(xs[:, 2::3].view(np.int32), x8[..., 16:].sum(-1))
+    theirs = quantize(x, GGMLQuantizationType.Q8_0).reshape(3, 4, 34)[:, :, 2:].view(np.int8).reshape(3, 128)
+    assert (np.abs(theirs.astype(np.int64) - hi) <= 1).all() and (theirs == hi).mean() > 0.99  # gguf-py rounds half away from zero
+
+
+@njit(cache=True)
+def byte_rows(xo, xs, x):
+    for b in range(x.shape[0]):
+        KA.quantize_bytes(xo, xs, x, b)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("T", [1, 3, 4, 9])
-def test_products_equal_the_integer_reference(fmt, T):
-    q, g, layout = grouped(fmt, 32, 512, seed=T)
+def test_products_equal_the_integer_reference(fmt, T, bits):
+    q, g, layout = grouped(fmt, 32, 512, seed=T, bits=bits)
     x = np.random.default_rng(T).standard_normal((T, 512)).astype(np.float32)
     out = np.zeros((T, 32), np.float32)
     K.matmul(out, x, g, layout)
-    np.testing.assert_allclose(out, products_reference(fmt, q, x), rtol=1e-6, atol=1e-6 * np.abs(out).max())
-    # and close to the dequantized rows' products in float64: 16-bit activations' error
+    np.testing.assert_allclose(out, products_reference(fmt, q, x, bits), rtol=1e-6, atol=1e-6 * np.abs(out).max())
+    # and close to the dequantized rows' products in float64: the activations' rounding error
     levels, dw, dm = levels_and_scales(fmt, q, 512)
     exact = x.astype(np.float64) @ (levels * dw[..., None] - dm[..., None]).reshape(32, 512).T
-    np.testing.assert_allclose(out, exact, rtol=0, atol=2e-4 * np.abs(exact).max())
+    np.testing.assert_allclose(out, exact, rtol=0, atol=(2e-4 if bits == 16 else 2e-2) * np.abs(exact).max())
 
 
+@pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_tile_gives_the_same_bits(fmt):
+def test_every_tile_gives_the_same_bits(fmt, bits):
     """Tokens alone (decode), in eights, fours, threes and twos (batches) and many at once
     (prefill) agree to the bit: 23 tokens take two tiles of 8, one of 4 and one of 3; 22 end in
     a tile of 2."""
-    q, g, layout = grouped(fmt, 64, 256, seed=7)
+    q, g, layout = grouped(fmt, 64, 256, seed=7, bits=bits)
     x = np.random.default_rng(7).standard_normal((23, 256)).astype(np.float32)
     alone = np.zeros((23, 64), np.float32)
     for t in range(23):
@@ -158,9 +195,10 @@ def test_every_tile_gives_the_same_bits(fmt):
         np.testing.assert_array_equal(alone[:T], together)
 
 
+@pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_nan_activation_reaches_its_outputs_only(fmt):
-    q, g, layout = grouped(fmt, 16, 256)
+def test_a_nan_activation_reaches_its_outputs_only(fmt, bits):
+    q, g, layout = grouped(fmt, 16, 256, bits=bits)
     x = np.ones((2, 256), np.float32)
     x[0, 5] = np.nan
     out = np.zeros((2, 16), np.float32)

@@ -416,7 +416,7 @@ def test_the_format_table_agrees_with_gguf_py():
     the format it regroups."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from minillm.kernels.formats import BY_NAME, FORMATS
+    from minillm.kernels.formats import BY_NAME, FORMATS, layouts_of, with_activations
 
     for fmt in FORMATS:
         if fmt.ggml_type is not None and fmt.is_gguf_blocks:
@@ -424,7 +424,8 @@ def test_the_format_table_agrees_with_gguf_py():
             assert fmt.block % weights == 0 and fmt.block_bytes == fmt.block // weights * size, fmt.name
         if fmt.group_of:
             source = BY_NAME[fmt.group_of]
-            assert (fmt.block, fmt.block_bytes, source.grouped) == (source.block, source.block_bytes, fmt.name)
+            assert (fmt.block, fmt.block_bytes) == (source.block, source.block_bytes) and fmt.name.startswith(source.grouped)
+            assert fmt.name in layouts_of(source.name) and with_activations(fmt, 16).name == source.grouped
 
 
 def test_every_format_names_its_kernels_once():
@@ -441,3 +442,13 @@ def test_every_format_names_its_kernels_once():
         elif fmt.ggml_type is not None:
             needs[fmt.name] = {"chunks"}
     assert registered_jobs() == needs
+
+
+def test_activations_are_16_or_8_bits():
+    from minillm.errors import UsageError
+    from minillm.options import Options
+
+    assert Options().activations == 16 and Options(activations=8).activations == 8
+    with pytest.raises(UsageError, match="activations must be 16 or 8"):
+        Options(activations=12)
+    assert Options.from_strings({"activations": "8"}).activations == 8  # as Ray Serve's key=value gives it

@@ -200,21 +200,23 @@ class Model:
     uses every core it is given, so two models' steps taking turns lose nothing to each other.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None, kv_dtype: str = "float32"):
+    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None, kv_dtype: str = "float32",
+                 activations: int = 16):
         self.config = cfg
+        self.activations = activations  # bits, against grouped layouts (kernels.formats.with_activations)
         self.kv_format = kv_format(kv_dtype, cfg)
         self.kv_dtype = self.kv_format.name
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, self.kv_format)
         self.weights = weights
         self.dtype = weights.dtype
-        self.formats = weights.formats
+        self.formats = sorted({K.with_activations(fmt, activations) for fmt in weights.formats}, key=lambda fmt: fmt.code)
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
         self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
         self.widest_window = cfg.widest_window
         self._lock = KERNEL_LOCK
-        self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows)
+        self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows, activations)
         self.adapters: tuple[Adapter, ...] = ()  # a row's adapter is its index here (set_adapters)
         self._rows = 0
         self._grow(min(PREFILL_CHUNK, self.ctx))
@@ -267,15 +269,16 @@ class Model:
     @classmethod
     def load(
         cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False, threads: int | None = None,
-        kv_dtype: str = "float32",
+        kv_dtype: str = "float32", activations: int = 16,
     ) -> "Model":
         """From an HF checkpoint directory or a GGUF file (checkpoint.load_checkpoint); dtype None
         is float32 for a directory and the stored formats for a GGUF. threads: the most a step
         uses (default: every CPU Numba sees). kv_dtype: how the KV cache keeps keys and values
-        (kernels.formats.KV_FORMATS)."""
+        (kernels.formats.KV_FORMATS). activations: 16 or 8 bits against GGUF blocks run on integer
+        products (kernels.formats.with_activations)."""
         with CompileNotice("the kernels that convert weights at load", jobs=1):  # int8's quantizer, regrouping, ..
             cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
-        return cls(cfg, weights, ctx, threads, kv_dtype)
+        return cls(cfg, weights, ctx, threads, kv_dtype, activations)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config, self.ctx, fmt=self.kv_format)
@@ -412,10 +415,10 @@ def _address(a: np.ndarray, unit: int = 1) -> tuple[int, int, int]:
     return a.ctypes.data, a.shape[0], a.shape[1] * a.itemsize // unit
 
 
-def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray) -> "K.ModelWeights":
+def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray, activations: int = 16) -> "K.ModelWeights":
     """The weights and architecture as kernels.forward reads them, by name (built once at load):
     every matrix as its bytes, with its format's kernels (compiled now, or loaded from Numba's
-    cache, for the formats this model has)."""
+    cache, for the formats this model has; a grouped layout's for `activations` bits)."""
     layers = w.layers
     f = np.float32
     no_mlp = Linear(np.zeros((0, cfg.hidden_size), f), K.BY_NAME["F32"])  # a sparse layer without a shared expert
@@ -426,7 +429,8 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         if layer.router is not None:
             router[i] = len(linears)
             linears += [layer.router, *(m for expert in layer.experts for m in expert)]
-    formats = sorted({lin.format for lin in linears}, key=lambda fmt: fmt.code)
+    runs_as = [K.with_activations(lin.format, activations) for lin in linears]
+    formats = sorted(set(runs_as), key=lambda fmt: fmt.code)
     operands = sorted({fmt.operand for fmt in formats} - {K.Operand.FLOAT32})
     with CompileNotice(f"kernels for {format_names(formats)}", jobs=len(formats) + len(operands)) as notice:
         for fmt in formats:
@@ -452,9 +456,9 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
     return K.ModelWeights(
         matrices=np.array([_address(lin.w) for lin in linears], np.int64),
         scales=np.array([_address(NO_SCALES if lin.scales is None else lin.scales, unit=2) for lin in linears], np.int64),
-        linear=np.array([K.kernels_for(lin.format).linear.address for lin in linears], np.int64),
-        row=np.array([K.kernels_for(lin.format).row.address for lin in linears], np.int64),
-        operand=np.array([int(lin.format.operand) for lin in linears], np.int64),
+        linear=np.array([K.kernels_for(fmt).linear.address for fmt in runs_as], np.int64),
+        row=np.array([K.kernels_for(fmt).row.address for fmt in runs_as], np.int64),
+        operand=np.array([int(fmt.operand) for fmt in runs_as], np.int64),
         prepare=prepare,
         steps=np.zeros(len(STEPS) + 1, np.int64),  # filled by Model once the state's type is known
         **{name: stacked_norm(name) for name in ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm")},

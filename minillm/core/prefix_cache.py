@@ -270,6 +270,7 @@ class PrefixFile:
             "weights": _fingerprint(source),
             "dtype": model.dtype,
             "kv": model.kv_dtype,
+            "activations": model.activations,
             "ctx": model.ctx,
             "block_tokens": BLOCK_TOKENS,
         }
