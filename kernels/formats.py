@@ -64,6 +64,11 @@ class WeightFormat:
         return f"{self.name}_R16" if self.groupable else None
 
     @property
+    def activation_bits(self) -> int:
+        """A grouped layout's activations: 8-bit bytes or 16-bit levels split in two."""
+        return 8 if self.operand == Operand.BYTES else 16
+
+    @property
     def is_gguf_blocks(self) -> bool:
         """Rows of raw blocks (uint8), as a GGUF file stores them or regrouped."""
         return self.element is np.uint8
@@ -78,19 +83,20 @@ class WeightFormat:
 
 
 GROUP_ROWS = 16  # rows of a grouped layout (kernels.grouped_layouts)
-ACTIVATION_BITS = (16, 8)  # what activations are quantized to against a grouped layout (`--activations`)
-EIGHT_BIT = "_A8"  # the name of a grouped layout met by 8-bit activations: Q4_0_R16_A8
+# What activations are quantized to against a grouped layout (`--activations`): per width, its
+# layout's name suffix, Operand, code base (+ the ggml type it regroups) and summary's end
+ACTIVATION_WIDTHS = {
+    16: ("", Operand.SPLIT_BYTES, 1000, ": integer dot products"),
+    8: ("_A8", Operand.BYTES, 2000, ", met by 8-bit activations (llama.cpp's numerics): half the products"),
+}
 
 
 def _grouped_layout(source: WeightFormat, bits: int) -> WeightFormat:
     """The row of source's 16-row layout met by activations of `bits` bits: its blocks, met by
-    integer dot products; code 1000 (16-bit) or 2000 (8-bit) + the ggml type it regroups."""
-    if bits == 16:
-        return WeightFormat(source.grouped, np.uint8, source.block, source.block_bytes, Operand.SPLIT_BYTES,
-                            f"{source.name} regrouped by 16 rows: integer dot products", own_code=1000 + source.ggml_type, group_of=source.name)
-    return WeightFormat(source.grouped + EIGHT_BIT, np.uint8, source.block, source.block_bytes, Operand.BYTES,
-                        f"{source.name} regrouped by 16 rows, met by 8-bit activations (llama.cpp's numerics): half the products", own_code=2000 + source.ggml_type,
-                        group_of=source.name)
+    integer dot products."""
+    suffix, operand, codes, what = ACTIVATION_WIDTHS[bits]
+    return WeightFormat(source.grouped + suffix, np.uint8, source.block, source.block_bytes, operand, f"{source.name} regrouped by 16 rows{what}",
+                        own_code=codes + source.ggml_type, group_of=source.name)
 
 
 _F = Operand.FLOAT32
@@ -111,7 +117,7 @@ _STORED = (
     WeightFormat("MXFP4", np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
                  groupable=True),
 )
-FORMATS = _STORED + tuple(_grouped_layout(f, bits) for bits in ACTIVATION_BITS for f in _STORED if f.groupable)
+FORMATS = _STORED + tuple(_grouped_layout(f, bits) for bits in ACTIVATION_WIDTHS for f in _STORED if f.groupable)
 BY_NAME = {f.name: f for f in FORMATS}
 BY_CODE = {f.code: f for f in FORMATS}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS if f.ggml_type is not None}
@@ -178,11 +184,11 @@ def layouts_of(name: str) -> tuple[str, ...]:
 def with_activations(fmt: WeightFormat, bits: int) -> WeightFormat:
     """The format a matrix of fmt runs as when activations are quantized to `bits` bits against
     grouped layouts (the same weights: a grouped layout's other row); any other format unchanged."""
-    if bits not in ACTIVATION_BITS:
-        raise ValueError(f"activations must be {' or '.join(map(str, ACTIVATION_BITS))} bits, got {bits}")
+    if bits not in ACTIVATION_WIDTHS:
+        raise ValueError(f"activations must be {' or '.join(map(str, ACTIVATION_WIDTHS))} bits, got {bits}")
     if not fmt.group_of:
         return fmt
-    return BY_NAME[BY_NAME[fmt.group_of].grouped + (EIGHT_BIT if bits == 8 else "")]
+    return next(BY_NAME[name] for name in layouts_of(fmt.group_of) if BY_NAME[name].activation_bits == bits)
 
 
 def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:

@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .activation_operands import PER_BLOCK
-from .formats import BY_NAME, Operand, kernel_for, kernel_of, layouts_of
+from .formats import BY_NAME, kernel_for, kernel_of, layouts_of
 from .gguf_blocks import MXFP4_LEVELS, e8m0_half, literal_value, mxfp4_levels, prefetch_offsets
 from .grouped_layouts import (
     GROUP, GROUP_BLOCK_BYTES, MXFP4_GROUP_BYTES, MXFP4_OFFSET, Q4_K_GROUP_BYTES, Q4_K_PLANES_AT, Q4_K_WORDS_AT, Q5_0_GROUP_BYTES,
@@ -128,8 +128,7 @@ def _tiles(source: str, step_bytes: int, step_weights: int, step) -> None:
     """The tiles of source's grouped layouts (_group_tile), one per activation width, each
     registered as its layout's "tile" kernel."""
     for name in layouts_of(source):
-        bits = 8 if BY_NAME[name].operand == Operand.BYTES else 16
-        kernel_of(name, "tile")(_group_tile(step_bytes, step_weights, step, bits, f"{name} rows of group g . G tokens (_group_tile)."))
+        kernel_of(name, "tile")(_group_tile(step_bytes, step_weights, step, BY_NAME[name].activation_bits, f"{name} rows of group g . G tokens (_group_tile)."))
 
 
 def _group_tile(step_bytes: int, step_weights: int, step, bits: int, doc: str):
@@ -207,9 +206,10 @@ def _exact_sums(b, token, e, parts, level_max, corr=None):
     plo, phi, _ = token
     zero = ir.Constant(I32_VEC, [0] * LANES)
     sums = []
-    for p in (phi, plo) if plo is not None else (phi,):
+    byte_planes = (phi, plo) if plo is not None else (phi,)
+    for p in byte_planes:
         chains = [zero] * CHAINS
-        if p is (plo or phi) and corr is not None:
+        if p is byte_planes[-1] and corr is not None:  # the offset's correction joins the unshifted sum
             chains[0] = splat(b, corr)
         for i, (levels, off) in enumerate(parts):
             chains[i % CHAINS] = _dpbusd(b, chains[i % CHAINS], levels, _broadcast4(b, p, b.add(e, I64(off))), wide_levels=level_max >= 128)
