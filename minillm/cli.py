@@ -171,6 +171,7 @@ def _setup_commands(sub) -> None:
     what.add_argument("--dtype", choices=[d for d in DTYPE_CHOICES if d != "gguf"], help="what a checkpoint loaded at this precision needs")
     what.add_argument("--formats", nargs="+", metavar="F", help="these weight formats (a GGUF's: Q4_0, Q4_K, Q6_K, Q8_0, ..)")
     wu.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default="float32", help="and the forward pass for this KV cache format")
+    wu.add_argument("--activations", type=int, choices=[16, 8], default=16, help="the grouped layouts' kernels for activations of these bits")
     wu.add_argument("--experts", action="store_true", help="and the steps of a mixture of experts (Mixtral, Qwen-MoE, OLMoE)")
     wu.add_argument("--gpt-oss", action="store_true", help="and gpt-oss's steps (experts, attention sinks, clamped SwiGLU)")
 
@@ -571,7 +572,7 @@ def cmd_warmup(args) -> int:
         minillm.load(args.model, kv_dtype=args.kv_dtype, activations=args.activations or 16)
         print(f"kernels for {args.model} ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         return 0
-    formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or ())
+    formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or (), args.activations or 16)
     seconds = warm(formats, args.kv_dtype, args.experts, args.gpt_oss)
     print(f"kernels for {', '.join(f.name for f in formats)} ready in {seconds:.1f} s", file=sys.stderr)
     return 0

@@ -22,9 +22,10 @@ HASWELL_FEATURES = (
 )
 
 
-def formats_for(dtype: str | None = None, names=()) -> list:
+def formats_for(dtype: str | None = None, names=(), activations: int = 16) -> list:
     """The weight formats (kernels.formats) that `--dtype` or the named formats run as: each name
-    with its 16-row grouped layout, which the loader uses when a matrix's rows allow."""
+    with its 16-row grouped layout for `activations` bits, which the loader uses when a matrix's
+    rows allow."""
     from . import kernels as K
 
     wanted = list(names)
@@ -39,7 +40,8 @@ def formats_for(dtype: str | None = None, names=()) -> list:
         fmt = K.BY_NAME.get(name.upper())
         if fmt is None:
             raise UsageError(f"--formats: no weight format {name!r}; minillm runs {', '.join(f.name for f in K.FORMATS)}")
-        found += [fmt] + ([K.BY_NAME[fmt.grouped]] if fmt.grouped else []) + ([K.I8] if fmt.name == "Q8_0" else [])
+        grouped = [K.with_activations(K.BY_NAME[fmt.grouped], activations)] if fmt.grouped else []
+        found += [K.with_activations(fmt, activations)] + grouped + ([K.I8] if fmt.name == "Q8_0" else [])
     return sorted(set(found), key=lambda f: f.code)
 
 
@@ -48,16 +50,18 @@ def warm(formats, kv_dtype: str = "float32", experts: bool = False, gpt_oss: boo
     experts' steps when `experts`, and gpt-oss's attention sinks and clamped SwiGLU when
     `gpt_oss`), sampling's kernels and the kernels of `formats`; returns the seconds it took."""
     from . import kernels as K
-    from .kernels import steps as F
+    from .kernels.forward import forward
+    from .kernels.forward_types import STATE_TYPE
     from .kernels.jit import CompileNotice
+    from .kernels.steps import step_kernels
 
     start = time.perf_counter()
     operands = sorted({f.operand for f in formats} - {K.Operand.FLOAT32})
     names = ", ".join(sorted({f.group_of or f.name for f in formats})) or "no weight format"
     with CompileNotice(f"the forward pass and kernels for {names}", jobs=len(formats) + len(operands) + 3) as notice:
-        F.step_kernels(kv_dtype, experts or gpt_oss, sinks=gpt_oss, activation=F.CLAMPED_SWIGLU if gpt_oss else F.SILU)
+        step_kernels(kv_dtype, experts or gpt_oss, sinks=gpt_oss, activation=K.CLAMPED_SWIGLU if gpt_oss else K.SILU)
         notice.step()
-        F.forward.compile(F.STATE_TYPE.types)  # the forward pass takes the state's parts as its arguments
+        forward.compile(STATE_TYPE.types)  # the forward pass takes the state's parts as its arguments
         notice.step()
         K.top_k(np.zeros(1, np.int64), np.zeros(1, np.float32), np.zeros(4, np.float32))
         K.mask_logits(np.zeros(4, np.float32), np.zeros(1, np.int32))

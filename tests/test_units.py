@@ -452,3 +452,15 @@ def test_activations_are_16_or_8_bits():
     with pytest.raises(UsageError, match="activations must be 16 or 8"):
         Options(activations=12)
     assert Options.from_strings({"activations": "8"}).activations == 8  # as Ray Serve's key=value gives it
+
+
+def test_warmup_compiles_the_grouped_layouts_for_the_activations_chosen(capsys):
+    """`warmup --activations 8` warms the 8-bit layouts a GGUF's matrices will run as (and the flag
+    exists on warmup, as on the commands that load a model)."""
+    from minillm.cli import main
+    from minillm.warmup import formats_for
+
+    assert {f.name for f in formats_for(names=["Q4_0"], activations=8)} == {"Q4_0", "Q4_0_R16_A8"}
+    assert {f.name for f in formats_for(names=["Q4_0"])} == {"Q4_0", "Q4_0_R16"}
+    assert main(["warmup", "--formats", "Q4_0", "--activations", "8"]) == 0
+    assert "Q4_0_R16_A8" in capsys.readouterr().err
