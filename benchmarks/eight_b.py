@@ -8,8 +8,11 @@ alternating, each run a fresh process.
 
 Per engine, medians over the rounds of: prefill of 512 tokens, decode of 32 tokens after 128,
 launch to first token (loading the file, then the 128-token prompt's first token: a fresh
-process's load_s + ttft_s) and peak RSS; minillm once per --activations. Writes
-benchmarks/eight_b_results.json. Benchmarks are not tests.
+process's load_s + ttft_s) and peak RSS; minillm once per --activations. Each round also samples
+the machine's read bandwidth (bench_vs_llamacpp's parallel row sums over 2 GB, --threads threads),
+and decode is reported as a share of it: tok/s x the bytes a decode step reads (every tensor of the
+file but the token embeddings, of which it reads one row), per round against that round's sample.
+Writes benchmarks/eight_b_results.json. Benchmarks are not tests.
 
 The files: Llama 3.1 8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336,
 vocab 128256), random levels with scales of weights ~0.02, a SentencePiece-style vocabulary of
@@ -112,11 +115,22 @@ def write_random_8b(quant: str, layers: int = SHAPE["layers"]) -> Path:
     return path
 
 
+def decode_bytes(path: Path) -> int:
+    """The bytes one decode step reads of the file: every tensor but the token embeddings."""
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if t.name != "token_embd.weight")
+
+
 def measure(path: Path, widths: list[int], rounds: int, threads: int) -> dict:
-    """Every run's figures per engine ("minillm a16", "minillm a8", "llama.cpp"), alternating."""
+    """Every run's figures per engine ("minillm a16", "minillm a8", "llama.cpp"), alternating, and
+    the read bandwidth sampled at the start of each round ("bandwidth_gb_s")."""
     engines = [f"minillm a{a}" for a in widths] + ["llama.cpp"]
     figures = {e: {"prefill512": [], "decode32@128": [], "launch_to_first_token_s": [], "peak_rss_mb": []} for e in engines}
+    figures["bandwidth_gb_s"] = []
     for r in range(rounds):
+        figures["bandwidth_gb_s"].append(bench.bandwidth_gb_s(threads))
+        print(f"  round {r + 1}: read bandwidth {figures['bandwidth_gb_s'][-1]:.1f} GB/s", flush=True)
         for engine in engines if r % 2 == 0 else engines[::-1]:
             if engine == "llama.cpp":
                 run = lambda P, G: bench.run_llama(path, P, G, threads)
@@ -156,14 +170,21 @@ def main() -> None:
     for quant, path in paths.items():
         print(f"{path.name} ({path.stat().st_size / 1e9:.2f} GB), {args.rounds} rounds, {args.threads} threads", flush=True)
         figures = measure(path, widths, args.rounds, args.threads)
+        bandwidth = figures.pop("bandwidth_gb_s")
+        step_gb = decode_bytes(path) / 1e9
+        for f in figures.values():  # per round, against that round's bandwidth
+            f["decode_bandwidth_share"] = [tok_s * step_gb / bw for tok_s, bw in zip(f["decode32@128"], bandwidth)]
         medians = {e: {m: statistics.median(v) for m, v in f.items()} for e, f in figures.items()}
-        results["files"][quant] = {"medians": medians, "runs": figures}
+        results["files"][quant] = {"medians": medians, "runs": figures, "bandwidth_gb_s": bandwidth, "decode_step_gb": step_gb}
         theirs = medians["llama.cpp"]
+        print(f"  read bandwidth median {statistics.median(bandwidth):.1f} GB/s; a decode step reads {step_gb:.2f} GB; "
+              f"llama.cpp decode at {theirs['decode_bandwidth_share']:.0%} of it", flush=True)
         for engine, mine in medians.items():
             if engine != "llama.cpp":
                 print(f"  {engine} / llama.cpp: prefill {mine['prefill512'] / theirs['prefill512']:.2f}x, decode "
-                      f"{mine['decode32@128'] / theirs['decode32@128']:.2f}x, first token {mine['launch_to_first_token_s']:.1f} vs "
-                      f"{theirs['launch_to_first_token_s']:.1f} s, peak RSS {mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x", flush=True)
+                      f"{mine['decode32@128'] / theirs['decode32@128']:.2f}x ({mine['decode_bandwidth_share']:.0%} of the bandwidth), "
+                      f"first token {mine['launch_to_first_token_s']:.1f} vs {theirs['launch_to_first_token_s']:.1f} s, "
+                      f"peak RSS {mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x", flush=True)
     out = ROOT / "benchmarks" / "eight_b_results.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
 

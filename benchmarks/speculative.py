@@ -1,7 +1,7 @@
 """Speculative decoding by prompt lookup against plain decoding, on input-grounded and open-ended tasks.
 
-    python benchmarks/speculative.py [--model PATH] [--dtype D] [--rounds 5] [--tokens 160] [--modes ngram draft prediction]
-                                     [--draft-dtype int8 [q4_0 ...]]
+    python benchmarks/speculative.py [--model PATH] [--dtype D] [--activations 16|8] [--rounds 5] [--tokens 160]
+                                     [--modes ngram draft prediction] [--draft-dtype int8 [q4_0 ...]]
 
 Each task is a chat to the model whose reply, greedy, either repeats its input (copying a
 paragraph, renaming a variable in code, correcting a few words, quoting a document to answer) or
@@ -130,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model")
     ap.add_argument("--dtype")
+    ap.add_argument("--activations", type=int, default=16, help="8: a GGUF file's grouped matrices met by 8-bit activations")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--spec-tokens", type=int, default=8)
@@ -138,7 +139,7 @@ def main() -> None:
     ap.add_argument("--oracle-row-cost", type=float, metavar="C",
                     help="also print lookup's best at a checked row's cost C (a fraction of a step): an oracle column")
     args = ap.parse_args()
-    llm = minillm.load(args.model, dtype=args.dtype, ctx=2048, cache_mb=0)
+    llm = minillm.load(args.model, dtype=args.dtype, ctx=2048, cache_mb=0, activations=args.activations)
     engine_eos = llm.eos_ids
     base = llm.options.replace(max_batch=1, cache_mb=0)
     engines = {"plain": Engine(llm.model, base)}
@@ -146,7 +147,7 @@ def main() -> None:
         engines["ngram"] = Engine(llm.model, base.replace(speculative="ngram", spec_tokens=args.spec_tokens))
     if "draft" in args.modes:
         for dtype in args.draft_dtype:
-            draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=dtype)
+            draft = Model.load(llm.source, ctx=llm.model.ctx, dtype=dtype, activations=args.activations)
             name = "draft" if len(args.draft_dtype) == 1 else dtype
             engines[name] = Engine(llm.model, base.replace(speculative="draft", spec_tokens=args.spec_tokens), draft=draft)
     if "prediction" in args.modes:

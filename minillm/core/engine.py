@@ -4,10 +4,10 @@ Callers on any thread `submit` requests (or `submit_embedding`); one engine thre
 Each step it admits queued requests into free cache slots, then runs one batched step: a row for
 every decoding sequence, the weights read once for all of them, plus a chunk of the prompts being
 read (chunked prefill). The chunk is sized so a step costs about PREFILL_SHARE more than the decodes
-alone would (measured as it runs), so a long prompt never stalls the running streams; a prompt whose
-last row ran starts decoding. Finished or cancelled sequences leave and free their slot. Only the
-engine thread enters Numba's parallel regions, which must never be entered from two Python threads
-at once.
+alone do (the step times measured as it runs, on this machine), so a long prompt never stalls the
+running streams; a prompt whose last row ran starts decoding. Finished or cancelled sequences leave and free
+their slot. Only the engine thread enters Numba's parallel regions, which must never be entered
+from two Python threads at once.
 
 Each request keeps its own sampling settings and random generator, and a row's results do not
 depend on what else is in its step, so a greedy or seeded request gives the same tokens whatever
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import queue
+import statistics
 import threading
 import time
 import warnings
@@ -50,7 +51,8 @@ class ShutdownError(GenerationError):
 
 
 PREFILL_SHARE = 1.0  # a step with prompt rows may cost this much more than its decode rows alone
-MIN_PREFILL_ROWS = 16  # but reads at least this many prompt rows (a prompt always progresses)
+FIRST_PREFILL_ROWS = 4  # beside decodes, until a step with prompt rows has been timed
+DECODE_TIMES = 9  # decode-only steps whose median is the decode time prompt rows are sized by
 TIMING_WEIGHT = 0.25  # of the newest step in the running estimates of step costs
 DRAFT_COST_PRIOR = 0.4  # what a proposed token adds over a plain step, until measured
 
@@ -275,8 +277,9 @@ class Engine:
         self._running: list[_Sequence] = []  # in admission order; prefilling ones hold no logits yet
         self._claimed = 0  # slots held at the last admission (under _cond; high until the next one)
         self._shutdown: Exception | None = None
-        self._decode_seconds: float | None = None  # running estimates of a step's costs
-        self._row_seconds: float | None = None
+        self._decode_seconds: float | None = None  # running estimate of a step's cost (speculation's)
+        self._decode_times: deque[float] = deque(maxlen=DECODE_TIMES)  # the latest decode-only steps'
+        self._prompt_rows: float | None = None  # prompt rows beside decodes, as the latest steps sized them
         self._draft_seconds: float | None = None  # and of a draft step's
         self._row_cost = RowCost()  # and of a checked row, which speculation weighs
         self._draft_rate = DraftLength.PRIOR_RATE  # the draft's kept rate over all sequences: a new one's prior
@@ -487,15 +490,16 @@ class Engine:
             self._fail(seq, GenerationError(f"internal engine error: {type(e).__name__}: {e}"))
 
     def _prefill_rows(self, decoding: int) -> int:
-        """Prompt rows for this step: all of a chunk when nothing decodes, else as many as cost
-        about PREFILL_SHARE of the decode rows' time (the running streams' tokens stay regular)."""
+        """Prompt rows for this step: all of a chunk when nothing decodes, else as many as keep the
+        step within 1 + PREFILL_SHARE times the decode rows' own time (the running streams' tokens
+        stay regular), and at least one (a prompt always progresses). Sized from the step times
+        measured on this machine (_note_cost), no count tuned on one CPU: where a prompt row
+        costs more (a slower CPU, a deeper prompt), fewer are read per step."""
         if self.prefill_chunk is not None:
             return self.prefill_chunk
         if not decoding:
             return PREFILL_CHUNK
-        if self._row_seconds is None or self._decode_seconds is None:
-            return MIN_PREFILL_ROWS
-        return int(min(PREFILL_CHUNK, max(MIN_PREFILL_ROWS, PREFILL_SHARE * self._decode_seconds / self._row_seconds)))
+        return FIRST_PREFILL_ROWS if self._prompt_rows is None else int(self._prompt_rows)  # whole rows, from below
 
     def _step(self) -> None:
         """One batched step: rows for each decoding sequence (its last token, then any tokens
@@ -516,7 +520,7 @@ class Engine:
                 tokens.append(token), positions.append(s.cache.length + i), slots.append(s.slot)
             adapters += [s.request.adapter] * (1 + len(draft))
         decode_rows = len(tokens)
-        budget = self._prefill_rows(decode_rows)
+        budget = allowed = self._prefill_rows(decode_rows)
         chunks = []  # (sequence, first row, rows, its first row of logits)
         for s in self._running:
             if budget <= 0:
@@ -549,7 +553,7 @@ class Engine:
                 self._fail(s, e)
             self._running = []
             return
-        self._note_cost(time.perf_counter() - started, decode_rows, len(tokens) - decode_rows)
+        self._note_cost(time.perf_counter() - started, decode_rows, len(tokens) - decode_rows, allowed)
         self.stats.steps += 1
         self.stats.batch_tokens += len(decoding)
         self.stats.prefill_steps += bool(chunks)
@@ -562,6 +566,8 @@ class Engine:
         for s, first, n, _ in chunks:
             s.cache.length += n
             s.read += n
+            if s.prefilling and not s.request.embedding:  # its whole blocks so far: a long prompt's copy spread over its steps
+                self.prefix.store(s.request.prompt, s.cache, s.request.prefix_root)
         if self.draft is not None and chunks:
             self._draft_read([s for s, _, _, _ in chunks])  # before a finished prompt's first token starts its proposals
         for s, first, n, at in chunks:
@@ -695,20 +701,22 @@ class Engine:
             seq.drafter.synced = min(seq.drafter.synced, start + accepted + 1)
         return True
 
-    def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int) -> None:
-        """Update the running estimates of a decode step's time, of a prompt row's and (from steps
-        without prompt rows) of a checked row's."""
-        w = TIMING_WEIGHT
+    def _note_cost(self, seconds: float, decode_rows: int, prompt_rows: int, budget: int) -> None:
+        """Update the running estimates of a step's costs: a decode step's time, the rows a
+        checked row costs (from steps without prompt rows), and the prompt rows to read beside
+        decodes. Those follow the step times: this step's rows scaled by how far its time was
+        from the target, 1 + PREFILL_SHARE times the median of the latest decode-only steps (a
+        median, so one slow step on a shared machine does not move it). As a step's cost is
+        about its decode time plus a cost per prompt row, this converges on the rows that meet
+        the target, and follows it as a prompt's rows grow dearer with depth."""
         if not prompt_rows:
             self._row_cost.record(decode_rows, seconds)
+            self._decode_times.append(seconds)
             d = self._decode_seconds
-            self._decode_seconds = seconds if d is None else (1 - w) * d + w * seconds
-            return
-        base = self._decode_seconds if decode_rows and self._decode_seconds is not None else 0.0
-        row = max(seconds - base, 0.0) / prompt_rows
-        if row > 0:
-            r = self._row_seconds
-            self._row_seconds = row if r is None else (1 - w) * r + w * row
+            self._decode_seconds = seconds if d is None else (1 - TIMING_WEIGHT) * d + TIMING_WEIGHT * seconds
+        elif decode_rows and self._decode_times and prompt_rows >= budget:  # a step that read all it could
+            target = (1 + PREFILL_SHARE) * statistics.median(self._decode_times)
+            self._prompt_rows = min(float(PREFILL_CHUNK), max(1.0, prompt_rows * target / max(seconds, 1e-6)))
 
     def _advance_or_fail(self, seq: _Sequence, logits: np.ndarray) -> bool:
         try:
