@@ -137,11 +137,8 @@ def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, 
     """Up to 4 consecutive queries of head h, rows r0..r0+nq-1 of q (their head h at columns
     h hd..(h + 1) hd), at positions pos0.., into the same rows and columns of out: a prefill
     attention task. Their scores come from 4 x 4 register tiles, so each key is loaded once for
-    four queries, and their weighted values from one pass over the values for up to VALUE_HEADS
-    of them (a long prompt's attention reads the cache, not the arithmetic, so a value read once
-    for four queries instead of four times makes it several times faster at depth); scores rows
-    row0.. are this task's scratch. Every score, and so every output, equals what attend gives one
-    query alone (the decode path), bit for bit. sinks: (nh,) or None."""
+    four queries; scores rows row0.. are this task's scratch. Every score, and so every output,
+    equals what attend gives one query alone (the decode path), bit for bit. sinks: (nh,) or None."""
     hd = head_dim_of(keys)
     row = keys.shape[1]
     ctx = scores.shape[1]
@@ -155,38 +152,10 @@ def attend_queries(out, q, r0, nq, h, keys, values, pos0, window, scores, row0, 
     for i in range(nq):
         for jj in range(j, pos0 + i + 1):
             scores[row0 + i, jj] = dot_chunks(q, (r0 + i) * stride + lo, keys, jj * row, hd)
-    j0 = first_key(pos0, window)
-    if first_key(pos0 + nq - 1, window) != j0:  # a sliding window moved within the block: one query at a time
-        for i in range(nq):
-            j0 = first_key(pos0 + i, window)
-            _softmax_values(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], q[r0 + i, lo : lo + hd], keys[j0:], values[j0:],
-                            pos0 + i + 1 - j0, scale, softcap, sinks, h)
-        return
-    # Every query from key j0: the earlier queries' probabilities padded with zeros to the last
-    # query's keys, so one pass over the values serves them all. A zero probability adds exactly
-    # nothing to the even and odd sums (weighted_rows_*), so each output keeps its bits, as long
-    # as the padded keys' values are finite (they are this step's own values: a non-finite one
-    # has already made the model's output non-finite).
-    n = pos0 + nq - j0
     for i in range(nq):
-        s = scores[row0 + i, j0:]
-        _probabilities(s, q[r0 + i, lo : lo + hd], keys[j0:], n - (nq - 1 - i), scale, softcap, sinks, h)
-        for jj in range(n - (nq - 1 - i), n):
-            s[jj] = 0.0
-    o_stride, p_stride = out.strides[0] // out.itemsize, ctx
-    i = 0
-    while i < nq:  # VALUE_HEADS queries per pass over the values
-        o, p = (r0 + i) * o_stride + lo, (row0 + i) * p_stride + j0
-        left = nq - i
-        if left >= 3:
-            weighted_rows_3(out, o, o_stride, scores, p, p_stride, values, j0 * row, n, row, hd)
-        elif left == 2:
-            weighted_rows_2(out, o, o_stride, scores, p, p_stride, values, j0 * row, n, row, hd)
-        else:
-            weighted_rows_1(out, o, o_stride, scores, p, p_stride, values, j0 * row, n, row, hd)
-        i += min(left, VALUE_HEADS)
-    for i in range(nq):
-        _tail_columns(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], values[j0:], n - (nq - 1 - i))
+        j0 = first_key(pos0 + i, window)
+        _softmax_values(out[r0 + i, lo : lo + hd], scores[row0 + i, j0:], q[r0 + i, lo : lo + hd], keys[j0:], values[j0:],
+                        pos0 + i + 1 - j0, scale, softcap, sinks, h)
 
 
 @kernel(fastmath=EXACT_MATH)
