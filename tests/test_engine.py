@@ -199,19 +199,18 @@ def test_a_cache_smaller_than_a_block_warns(model):
 def test_prompt_rows_beside_decodes_follow_the_measured_step_times(model, row_ms, expected):
     """The prompt rows read beside decodes are sized from step times (a step: 40 ms of decode
     plus row_ms a prompt row): they settle where the step costs about twice the decode alone (at
-    most: from below, as the rows are whole), at least one row whatever a row costs, and one slow decode step (a busy neighbour) does not
-    move them. No count is tuned on one CPU."""
+    most: from below, as the rows are whole), at least one row whatever a row costs, and one slow
+    decode step (a busy neighbour) does not move them. No count is tuned on one CPU."""
     engine = Engine(model, Options(max_batch=2, cache_mb=0))
     try:
         for seconds in [0.040] * 8 + [0.400]:  # decode-only steps, one of them slow
             engine._note_cost(seconds, 2, 0, 0)
-        rows = []
         for _ in range(30):
             n = engine._prefill_rows(2)
             engine._note_cost(0.040 + n * row_ms / 1000, 2, n, n)
-            rows.append(engine._prefill_rows(2))
-        assert rows[-1] == expected
-        assert 0.040 + rows[-1] * row_ms / 1000 <= max(0.080, 0.040 + row_ms / 1000) + 1e-9
+        settled = engine._prefill_rows(2)
+        assert settled == expected
+        assert 0.040 + settled * row_ms / 1000 <= max(0.080, 0.040 + row_ms / 1000) + 1e-9
         engine._note_cost(0.040 + 3 * row_ms / 1000, 2, 3, 8)  # a prompt's last chunk, short of its budget: no evidence
         assert engine._prefill_rows(2) == expected
     finally:

@@ -5,9 +5,9 @@ Each step it admits queued requests into free cache slots, then runs one batched
 every decoding sequence, the weights read once for all of them, plus a chunk of the prompts being
 read (chunked prefill). The chunk is sized so a step costs about PREFILL_SHARE more than the decodes
 alone do (the step times measured as it runs, on this machine), so a long prompt never stalls the
-running streams; a prompt whose last row ran starts decoding. Finished or cancelled sequences leave and free
-their slot. Only the engine thread enters Numba's parallel regions, which must never be entered
-from two Python threads at once.
+running streams; a prompt whose last row ran starts decoding. Finished or cancelled sequences
+leave and free their slot. Only the engine thread enters Numba's parallel regions, which must
+never be entered from two Python threads at once.
 
 Each request keeps its own sampling settings and random generator, and a row's results do not
 depend on what else is in its step, so a greedy or seeded request gives the same tokens whatever
