@@ -21,9 +21,33 @@ nh/nkv query/KV heads, hd head dim, ctx cache length.
 """
 
 # This folder is `minillm.kernels` (minillm/__init__.py, pyproject.toml). From a checkout, the repository
-# root is on sys.path (python cli.py, the tests), so `import kernels` finds it under its bare name too:
-# transformers imports `kernels` to ask Hugging Face's package of that name its version. Imported so, it
-# stays empty (no version: not that package), rather than load every kernel a second time.
+# root is on sys.path (python cli.py, python -m pytest), so `import kernels` finds this folder under its
+# bare name too, ahead of Hugging Face's package of that name, which transformers imports (from 5.25 on,
+# names and all). Imported so, this folder hands the name over to that package where it is installed, and
+# else stays empty (no version: not that package), rather than load every kernel a second time.
 if __name__ == "minillm.kernels":
     from .exports import *  # noqa: F401,F403
     from .exports import __all__  # noqa: F401
+else:
+    def _hand_over_the_bare_name():
+        """Load the installed `kernels` (the first on sys.path outside this checkout) as sys.modules["kernels"]:
+        the import statement returns what is there once this module has run."""
+        import importlib.machinery
+        import importlib.util
+        import os
+        import sys
+
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        elsewhere = [p for p in sys.path if os.path.abspath(p or os.curdir) != checkout]
+        spec = importlib.machinery.PathFinder.find_spec("kernels", elsewhere)
+        if spec is None or spec.loader is None:
+            return
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kernels"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["kernels"]
+            raise
+
+    _hand_over_the_bare_name()

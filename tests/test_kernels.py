@@ -302,7 +302,7 @@ def test_clamped_swiglu(limit):
 def test_xielu():
     """Apertus's xIELU (alpha_p x^2 + beta x above 0, (expm1(min(x, eps)) - x) alpha_n + beta x
     below) against NumPy in float64, near 0 too, where expm1 keeps what exp(x) - 1 would lose."""
-    from kernels.swiglu import xielu_row
+    from minillm.kernels.swiglu import xielu_row
 
     x = np.concatenate([rand(200) * 4, np.float32([0.0, -1e-7, -2e-6, 1e-7, -30.0])]).astype(np.float32)
     alpha_p, alpha_n, beta, eps = np.float32(0.8), np.float32(1.3), np.float32(0.5), np.float32(-1e-6)

@@ -120,7 +120,8 @@ def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
                                text=True, check=True).stdout.strip())
     (site / "outer_environment.pth").write_text("\n".join(running_environment_paths()) + "\n")
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["--no-deps", "kernels"], check=True, capture_output=True)
+    # --ignore-installed: the outer environment may hold it too (transformers 5.25 depends on it)
+    subprocess.run(pip + ["--no-deps", "--ignore-installed", "kernels"], check=True, capture_output=True)
     before = set(os.listdir(site))
     bin_before = set(os.listdir(venv / "bin"))
     subprocess.run(pip + ["--no-deps", str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
@@ -135,6 +136,39 @@ def test_an_install_adds_only_minillm_beside_pypis_kernels(tmp_path):
     out = subprocess.run([venv / "bin" / "minillm", "generate", "--prompt", "The capital of France is", "--max-tokens", "4",
                           "--temperature", "0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+
+
+def test_a_checkout_root_on_sys_path_leaves_pypis_kernels_theirs():
+    """From a checkout (`python cli.py`, `python -m pytest`: the root on sys.path) `import kernels`
+    finds this checkout's kernels/ folder first; it hands the name to Hugging Face's package where
+    installed (transformers 5.25 imports names from it) and else stays empty, never our kernels."""
+    import importlib.util
+
+    code = "import kernels; print(getattr(kernels, '__file__', None)); print(hasattr(kernels, 'forward'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    path, has_forward = out[0], out[1]
+    assert has_forward == "False"
+    sys_path_without_root = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    installed = importlib.machinery.PathFinder.find_spec("kernels", sys_path_without_root)
+    if installed is not None:
+        assert path == installed.origin, (path, installed.origin)
+        subprocess.run([sys.executable, "-c", "import transformers, kernels, importlib.metadata as m; m.version('kernels')"],
+                       check=True, cwd=ROOT)
+    else:
+        assert Path(path).resolve() == ROOT / "kernels" / "__init__.py"
+
+
+def test_the_kernels_are_imported_as_minillm_kernels():
+    """Nothing imports the kernels by the folder's bare name: from a checkout that name belongs to
+    Hugging Face's package (the test above), so `from kernels.x import y` fails there."""
+    bare = []
+    for path in [ROOT / "cli.py", *sorted(ROOT.glob("minillm/**/*.py")), *sorted(ROOT.glob("tests/*.py")),
+                 *sorted(ROOT.glob("benchmarks/*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            bare += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n == "kernels" or n.startswith("kernels.")]
+    assert not bare, bare
 
 
 def test_a_checkout_keeps_its_models_in_its_weights_folder(monkeypatch):
