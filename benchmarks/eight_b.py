@@ -12,7 +12,8 @@ process's load_s + ttft_s) and peak RSS; minillm once per --activations. Each ro
 the machine's read bandwidth (bench_vs_llamacpp's parallel row sums over 2 GB, --threads threads),
 and decode is reported as a share of it: tok/s x the bytes a decode step reads (every tensor of the
 file but the token embeddings, of which it reads one row), per round against that round's sample.
-Writes benchmarks/eight_b_results.json. Benchmarks are not tests.
+Writes benchmarks/eight_b_results.json (for another target, eight_b_results.<NUMBA_CPU_NAME>.json).
+Benchmarks are not tests.
 
 The files: Llama 3.1 8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336,
 vocab 128256), random levels with scales of weights ~0.02, a SentencePiece-style vocabulary of
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -185,7 +187,9 @@ def main() -> None:
                       f"{mine['decode32@128'] / theirs['decode32@128']:.2f}x ({mine['decode_bandwidth_share']:.0%} of the bandwidth), "
                       f"first token {mine['launch_to_first_token_s']:.1f} vs {theirs['launch_to_first_token_s']:.1f} s, "
                       f"peak RSS {mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x", flush=True)
-    out = ROOT / "benchmarks" / "eight_b_results.json"
+    # one file per target: eight_b_results.json natively, eight_b_results.haswell.json for NUMBA_CPU_NAME=haswell
+    named = os.environ.get("NUMBA_CPU_NAME")
+    out = ROOT / "benchmarks" / (f"eight_b_results.{named}.json" if named else "eight_b_results.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
 
 
