@@ -168,13 +168,27 @@ Q8_0_GROUP_BYTES = GROUP * Q8_0_BYTES  # 544
 @kernel_of(layouts_of("Q8_0"), "regroup")
 def group_q8_0(out, w):
     """out = Q8_0 rows w (N, blocks * 34) regrouped as Q8_0_R16 (same shape): N % 16 == 0."""
-    N = w.shape[0]
-    G = N // GROUP
-    blocks = w.reshape(G, GROUP, -1, Q8_0_BYTES)
-    nb = blocks.shape[2]
-    d = np.ascontiguousarray(blocks[..., :2].transpose(0, 2, 1, 3)).reshape(G, nb, 32)
-    levels = (blocks[..., 2:] ^ 0x80).reshape(G, GROUP, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(G, nb, 512)
-    out.reshape(G, nb, Q8_0_GROUP_BYTES)[:] = np.concatenate([d, levels], axis=2)
+    group_levels(out, w)
+
+
+@kernel()
+def group_levels(out, w):
+    """group_q8_0's bytes, over the groups in parallel: an 8B file's 8 GB regroup in seconds (in
+    NumPy's transposes it took 43 s of the model's load)."""
+    N, row_bytes = w.shape
+    blocks = row_bytes // Q8_0_BYTES
+    flat = out.reshape(N * row_bytes)
+    for g in prange(N // GROUP):
+        for k in range(blocks):
+            at = g * GROUP * row_bytes + k * Q8_0_GROUP_BYTES
+            src = k * Q8_0_BYTES
+            for r in range(GROUP):
+                n = g * GROUP + r
+                flat[at + 2 * r] = w[n, src]
+                flat[at + 2 * r + 1] = w[n, src + 1]
+                for o in range(8):
+                    for j in range(4):
+                        flat[at + 32 + 64 * o + 4 * r + j] = w[n, src + 2 + 4 * o + j] ^ np.uint8(0x80)
 
 
 @kernel_of(layouts_of("Q8_0"), "row")

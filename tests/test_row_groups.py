@@ -293,3 +293,18 @@ def test_avx2_sums_several_parts_as_int16_exactly(level_max):
         x = 256 * hi.astype(np.int64) + lo
         want = sum(levels[i].astype(np.int64).reshape(16, 4) @ x[4 * i : 4 * i + 4] for i in range(8)) - 12345
         np.testing.assert_array_equal(out, want)
+
+
+def test_q8_0_regroup_is_the_layouts_numpy_formula():
+    """Q8_0_R16 per group of 16 rows and block: the 16 float16 scales, then eight 64-byte words,
+    word o holding every row's levels 4o..4o+3 (row r at 4r) plus 128; the compiled regroup against
+    that written in NumPy's reshapes."""
+    rows, cols = 48, 256
+    q = random_blocks(Q8_0, rows, cols, seed=3)
+    g = np.empty(q.shape, np.uint8)
+    KG.group_rows(g, q, Q8_0)
+    G, nb = rows // 16, cols // 32
+    blocks = q.reshape(G, 16, nb, 34)
+    d = np.ascontiguousarray(blocks[..., :2].transpose(0, 2, 1, 3)).reshape(G, nb, 32)
+    levels = (blocks[..., 2:] ^ 0x80).reshape(G, 16, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(G, nb, 512)
+    assert np.array_equal(g.reshape(G, nb, 544), np.concatenate([d, levels], axis=2))
