@@ -166,15 +166,10 @@ Q8_0_GROUP_BYTES = GROUP * Q8_0_BYTES  # 544
 
 
 @kernel_of(layouts_of("Q8_0"), "regroup")
-def group_q8_0(out, w):
-    """out = Q8_0 rows w (N, blocks * 34) regrouped as Q8_0_R16 (same shape): N % 16 == 0."""
-    group_levels(out, w)
-
-
 @kernel()
-def group_levels(out, w):
-    """group_q8_0's bytes, over the groups in parallel: an 8B file's 8 GB regroup in seconds (in
-    NumPy's transposes it took 43 s of the model's load)."""
+def group_q8_0(out, w):
+    """out = Q8_0 rows w (N, blocks * 34) regrouped as Q8_0_R16 (same shape): N % 16 == 0. Compiled
+    and over the groups in parallel, as the load regroups every Q8_0 matrix of a file this way."""
     N, row_bytes = w.shape
     blocks = row_bytes // Q8_0_BYTES
     flat = out.reshape(N * row_bytes)

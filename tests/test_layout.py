@@ -142,7 +142,7 @@ def test_a_checkout_root_on_sys_path_leaves_pypis_kernels_theirs():
     """From a checkout (`python cli.py`, `python -m pytest`: the root on sys.path) `import kernels`
     finds this checkout's kernels/ folder first; it hands the name to Hugging Face's package where
     installed (transformers 5.25 imports names from it) and else stays empty, never our kernels."""
-    import importlib.util
+    import importlib.machinery
 
     code = "import kernels; print(getattr(kernels, '__file__', None)); print(hasattr(kernels, 'forward'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
