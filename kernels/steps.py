@@ -82,9 +82,10 @@ def lora_step(t, threads, state):
     """Thread t's share of the LoRA updates on the matrices the linear step before it ran (the
     same ws.params): each row adds its adapter's updates (rows.adapters) to what the base matrix
     wrote; a row of the base model (-1) adds nothing. The updates are tasks dealt to the threads
-    in turn (_lora_update): one matrix's update for a group of consecutive rows of one adapter,
-    and for a few rows (a decode) one part of its columns per thread, so the adapter's matrices
-    are read at both cores' bandwidth."""
+    in turn: one matrix's updates for a group of consecutive rows of one adapter, and for a few
+    rows (a decode) one part of its columns per thread, so the adapter's matrices are read at both
+    cores' bandwidth. Several adapters' updates on one matrix (a chain) are one task: one thread
+    adds them in order, so no two threads write the same outputs and every step sums alike."""
     rows, w, ws, k_pool, v_pool, cos, sin = state_at(state)
     p = ws.params
     T, n, target = p[P_ROWS], p[P_COUNT], p[P_OUTPUT]
@@ -101,21 +102,27 @@ def lora_step(t, threads, state):
             r1 += 1
         if a >= 0:
             for j in range(n):
-                e = w.lora_map[a, p[P_MATRIX + j]]
-                while e >= 0:
-                    if target == TO_QKV:
-                        out, col = ws.qkv[r0:r1], (0, q_dim, q_dim + kv_dim)[j]
-                    elif target == TO_GATE_UP:
-                        out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH])[r0:r1], 0
-                    elif target == TO_LOGITS:
-                        out, col = rows.logits[r0:r1], 0
-                    elif target == TO_ROUTER:
-                        out, col = ws.route[r0:r1], 0
-                    else:
-                        out, col = ws.proj[r0:r1], 0
-                    col += w.lora_entries[e, LORA_COL]
-                    task = _lora_update(t, threads, task, parts, out[:, col : col + w.lora_entries[e, LORA_OUT]], x[r0:r1], w, e, ws.scratch[t])
-                    e = w.lora_entries[e, LORA_NEXT]
+                head = w.lora_map[a, p[P_MATRIX + j]]
+                if head < 0:
+                    continue
+                if target == TO_QKV:
+                    out, col = ws.qkv[r0:r1], (0, q_dim, q_dim + kv_dim)[j]
+                elif target == TO_GATE_UP:
+                    out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH])[r0:r1], 0
+                elif target == TO_LOGITS:
+                    out, col = rows.logits[r0:r1], 0
+                elif target == TO_ROUTER:
+                    out, col = ws.route[r0:r1], 0
+                else:
+                    out, col = ws.proj[r0:r1], 0
+                for part in range(parts):
+                    if task % threads == t:
+                        e = head
+                        while e >= 0:
+                            c = col + w.lora_entries[e, LORA_COL]
+                            _lora_update(out[:, c : c + w.lora_entries[e, LORA_OUT]], x[r0:r1], w, e, part, parts, ws.scratch[t])
+                            e = w.lora_entries[e, LORA_NEXT]
+                    task += 1
         r0 = r1
 
 
@@ -141,10 +148,15 @@ def expert_lora_step(t, threads, state):
             r1 = r0 + 1
             while r1 < count and r1 - r0 < ROW_GROUP and ws.xe_adapter[first + r1] == a:
                 r1 += 1
-            e = w.lora_map[a, m] if a >= 0 else -1
-            while e >= 0:
-                task = _lora_update(t, threads, task, parts, out[r0:r1], x[r0:r1], w, e, ws.scratch[t])
-                e = w.lora_entries[e, LORA_NEXT]
+            head = w.lora_map[a, m] if a >= 0 else -1
+            if head >= 0:
+                for part in range(parts):  # a chain of updates on one output is one thread's, as in lora_step
+                    if task % threads == t:
+                        e = head
+                        while e >= 0:
+                            _lora_update(out[r0:r1], x[r0:r1], w, e, part, parts, ws.scratch[t])
+                            e = w.lora_entries[e, LORA_NEXT]
+                    task += 1
             r0 = r1
 
 
@@ -162,27 +174,23 @@ def _part_start(N, part, parts):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _lora_update(t, threads, task, parts, out, x, w, e, scratch):
-    """Update e on the rows of x into out (its columns of the base output), in column parts and
-    in groups that fit the scratch: the tasks numbered from `task` on, thread t running those
-    that are its turn; returns the next number."""
+def _lora_update(out, x, w, e, part, parts, scratch):
+    """Update e on the rows of x into out (its columns of the base output): part `part` of its
+    columns, in groups of rows that fit the scratch."""
     entries = w.lora_entries
     N, rank = entries[e, LORA_OUT], entries[e, LORA_RANK]
     group = max(1, scratch.shape[0] // (rank + 64))  # rows whose A x and a chunk of B (A x) fit the scratch
+    c0, c1 = _part_start(N, part, parts), _part_start(N, part + 1, parts)
+    a0, b0 = entries[e, LORA_A], entries[e, LORA_B] + c0
     for g0 in range(0, x.shape[0], group):
         g1 = min(x.shape[0], g0 + group)
-        for part in range(parts):
-            if task % threads == t:
-                c0, c1 = _part_start(N, part, parts), _part_start(N, part + 1, parts)
-                o, a0, b0 = out[g0:g1, c0:c1], entries[e, LORA_A], entries[e, LORA_B] + c0
-                if entries[e, LORA_KIND] == LORA_F16:
-                    lora_rows(o, x[g0:g1], w.lora_data.view(np.int16), a0, b0, rank, N, w.lora_scale[e], scratch)
-                elif entries[e, LORA_KIND] == LORA_BF16:
-                    lora_rows(o, x[g0:g1], w.lora_data.view(np.uint16), a0, b0, rank, N, w.lora_scale[e], scratch)
-                else:
-                    lora_rows(o, x[g0:g1], w.lora_data.view(np.float32), a0, b0, rank, N, w.lora_scale[e], scratch)
-            task += 1
-    return task
+        o = out[g0:g1, c0:c1]
+        if entries[e, LORA_KIND] == LORA_F16:
+            lora_rows(o, x[g0:g1], w.lora_data.view(np.int16), a0, b0, rank, N, w.lora_scale[e], scratch)
+        elif entries[e, LORA_KIND] == LORA_BF16:
+            lora_rows(o, x[g0:g1], w.lora_data.view(np.uint16), a0, b0, rank, N, w.lora_scale[e], scratch)
+        else:
+            lora_rows(o, x[g0:g1], w.lora_data.view(np.float32), a0, b0, rank, N, w.lora_scale[e], scratch)
 
 
 def expert_linear_step(t, threads, state):

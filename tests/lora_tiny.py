@@ -25,6 +25,21 @@ def make_adapter(path, base, seed=1, **options):
     return model
 
 
+def with_adapters(base_dir, adapter_dirs):
+    """transformers + peft: the checkpoint at base_dir with every adapter in adapter_dirs active at
+    once (their updates summed), float32."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    names = [f"adapter{i}" for i in range(len(adapter_dirs))]
+    model = PeftModel.from_pretrained(model, str(adapter_dirs[0]), adapter_name=names[0])
+    for path, name in zip(adapter_dirs[1:], names[1:]):
+        model.load_adapter(str(path), adapter_name=name)
+    model.base_model.set_adapter(names)
+    return model.eval()
+
+
 def unload(peft_model):
     """The base transformers model back, without its adapter (PEFT wraps it in place)."""
     return peft_model.unload()

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 from hf_tiny import VOCAB, hf_logits, make_checkpoint
-from lora_tiny import make_adapter
+from lora_tiny import make_adapter, with_adapters
 
 from minillm.core.cache import KVPool
 from minillm.core.engine import Engine
@@ -133,6 +133,7 @@ def two_adapters(request, tmp_path_factory):
         peft_model = make_adapter(path / name, base, seed=seed, **options)
         expected[name] = hf_logits(peft_model, TOKENS)
         base = peft_model.unload()
+    expected["style+task"] = hf_logits(with_adapters(path / "base", [path / "style", path / "task"]), TOKENS)
     return path, expected
 
 
@@ -215,6 +216,13 @@ def test_adapters_combined_sum_their_updates(two_adapters):
     assert np.abs(one - expected["style"]).max() <= 2e-4
     together = model.forward(TOKENS, model.new_cache(), all_logits=True, adapter=both)
     assert np.abs(together - one).max() > 1e-3  # task's update is in it too
+    assert np.abs(together - expected["style+task"]).max() <= 2e-4  # peft's model with both active
+    cache = model.new_cache()  # two updates on one matrix: one thread adds both, so every pass sums alike
+    model.forward(TOKENS[:20], cache, adapter=both)
+    for t in range(20, len(TOKENS)):
+        np.testing.assert_array_equal(model.forward(TOKENS[t : t + 1], cache, adapter=both), together[t])
+    for _ in range(3):
+        np.testing.assert_array_equal(model.forward(TOKENS, model.new_cache(), all_logits=True, adapter=both), together)
     halfway = model.forward(TOKENS, model.new_cache(), all_logits=True, adapter=half)
     assert [u.scale / 2 for u in style.updates] == [u.scale for u in half.updates]
     assert np.abs(halfway - base).max() > 1e-3 and np.abs(halfway - one).max() > 1e-3
