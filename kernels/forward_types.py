@@ -34,7 +34,9 @@ PARAMS = 10
 ATTENTION_PART, MLP_PART = _n(0), _n(1)  # which sub-block a norm or residual step serves
 # what a linear step reads (P_WHICH) and writes (P_OUTPUT)
 FROM_XN, FROM_ATT, FROM_GATE, FROM_XE = _n(0), _n(1), _n(2), _n(3)
+FROM_Q_LATENT, FROM_KV_LATENT, FROM_VALUES = _n(4), _n(5), _n(6)  # latent attention's: its latents normed; att's values, packed
 TO_QKV, TO_PROJ, TO_GATE_UP, TO_LOGITS, TO_ROUTER = _n(0), _n(1), _n(2), _n(3), _n(4)
+TO_LATENT, TO_KV = _n(5), _n(6)  # q_a | kv_a's outputs side by side; k | v of the qkv rows
 JOB_GATE, JOB_UP, JOB_XE = 0, 1, 2  # where an expert job writes: gate, up (its rows), xe (its rows)
 ONE, TWO, THREE = _n(1), _n(2), _n(3)  # matrices read from one input
 # a mixture of experts' router (ModelWeights.router_kind): a softmax over all experts, then the top k;
@@ -118,6 +120,13 @@ class ModelWeights(NamedTuple):
     logit_scale: float  # logits are divided by it (Granite; else 1)
     centered_norm: bool  # the layers' and the final norm subtract the mean first: LayerNorm without a bias (Cohere 2)
     parallel: bool  # the MLP reads the attention's normalised input, not h (Cohere 2: x + attn(norm(x)) + mlp(norm(x)))
+    # latent attention (DeepSeek-V3): layer l's q_a, kv_a at latent[l], latent[l] + 1 in matrices
+    # (q_a of 0 rows: Q reads xn); q, k, v (Q, K, V) then read the normed latents
+    latent: np.ndarray  # (L,) int64, or -1: attention over q, k, v projections of xn
+    q_latent_norm: np.ndarray  # (L, q_lora_rank) or (L, 0)
+    kv_latent_norm: np.ndarray  # (L, kv_lora_rank) or (L, 0)
+    value_dim: int  # a head's value width in att (the rest of its head_dim is zeros); head_dim but under latent attention
+    latent_eps: float  # the latents' RMSNorm epsilon
     # LoRA adapters (kernels.lora), (0, 0) without any: a row's adapter a adds the updates of
     # lora_map[a, m] (a chain through lora_entries) to matrix m's output
     lora_map: np.ndarray  # (adapters, M) int64: the first update of adapter a on matrix m, or -1
@@ -152,6 +161,10 @@ class Workspace(NamedTuple):
     place: np.ndarray  # (R, k) int64: the row of xe that holds each choice
     jobs: np.ndarray  # (2 E, 4) int64: the expert matrices a step runs: matrix, first row of xe, rows, output (JOB_*)
     xe_adapter: np.ndarray  # (R k,) int64: the LoRA adapter of each row of xe (its row's), when a row of the step has one
+    # latent attention's buffers ((0, 0) without it)
+    latent: np.ndarray  # (R, q_lora_rank + kv_lora_rank + rope dims) what q_a and kv_a write
+    q_latent: np.ndarray  # (R, q_lora_rank) the q latent normed, Q's input
+    kv_latent: np.ndarray  # (R, kv_lora_rank) the kv latent normed, K's and V's input
 
 
 # Their Numba types, fixed whatever the model (a format changes addresses, not types): the forward
@@ -165,9 +178,10 @@ MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64, _F2,
      _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
+     _I1, _F2, _F2, types.int64, types.float32,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
-                                   _F2, _F2, _F2, _I2, _F2, _I2, _I2, _I1], Workspace)
+                                   _F2, _F2, _F2, _I2, _F2, _I2, _I2, _I1, _F2, _F2, _F2], Workspace)
 STATE_TYPE = types.Tuple([ROWS_TYPE, MODEL_WEIGHTS_TYPE, WORKSPACE_TYPE, _P5, _P5, _F3, _F3])  # (rows, w, ws, k_pool, v_pool, cos, sin)
 
 

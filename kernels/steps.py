@@ -10,8 +10,9 @@ from .activation_operands import call_prepare
 from .attention import attend, attend_queries, first_key
 from .experts import moe_layer
 from .forward_types import (
-    ATTENTION_PART, FROM_ATT, FROM_GATE, FROM_XE, JOB_GATE, JOB_XE, P_COUNT, P_LAYER, P_MATRIX, P_OUTPUT, P_ROWS, P_WHICH,
-    P_WIDTH, PARALLEL_REGION, PARALLEL_ROWS, TO_GATE_UP, TO_LOGITS, TO_QKV, TO_ROUTER, mlp_rows, state_at,
+    ATTENTION_PART, FROM_ATT, FROM_GATE, FROM_KV_LATENT, FROM_Q_LATENT, FROM_VALUES, FROM_XE, JOB_GATE, JOB_XE, P_COUNT, P_LAYER, P_MATRIX,
+    P_OUTPUT, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_REGION, PARALLEL_ROWS, TO_GATE_UP, TO_KV, TO_LATENT, TO_LOGITS, TO_QKV, TO_ROUTER, mlp_rows,
+    state_at,
 )
 from .jit import EXACT_MATH, array_at, call_at, native_address, rows_view
 from .vector_ir import LANES
@@ -30,6 +31,12 @@ def _source_rows(ws, source, T):
         return mlp_rows(ws.gate, T, ws.params[P_WIDTH])
     if source == FROM_XE:
         return ws.xe[:T]
+    if source == FROM_Q_LATENT:
+        return ws.q_latent[:T]
+    if source == FROM_KV_LATENT:
+        return ws.kv_latent[:T]
+    if source == FROM_VALUES:  # att's rows with each head's value packed (kernels.forward), P_WIDTH wide
+        return rows_view(ws.att[0], T, ws.params[P_WIDTH])
     return ws.xn[:T]
 
 
@@ -66,6 +73,10 @@ def linear_step(t, threads, state):
         xo, xs = rows_view(ws.operands[op], T, K), rows_view(ws.operand_scales[op], T, 3 * (K // 32) + 1)
         if target == TO_QKV:
             out, col = ws.qkv[:T], (0, q_dim, q_dim + kv_dim)[j]
+        elif target == TO_KV:
+            out, col = ws.qkv[:T], (q_dim, q_dim + kv_dim)[j]
+        elif target == TO_LATENT:
+            out, col = ws.latent[:T], (0, ws.q_latent.shape[1])[j]
         elif target == TO_GATE_UP:
             out, col = mlp_rows(ws.gate if j == 0 else ws.up, T, p[P_WIDTH]), 0
         elif target == TO_LOGITS:

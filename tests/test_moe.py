@@ -49,6 +49,17 @@ CASES = {
     # the best 2 of 4 groups (DeepSeek-V3's routing), q/k norms and biases, two shared experts, every layer sparse
     "glm4_moe-groups": dict(arch="glm4_moe", num_hidden_layers=3, n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
                             n_group=4, topk_group=2, use_qk_norm=True, attention_bias=True, first_k_dense_replace=0, n_shared_experts=2),
+    # DeepSeek-V3: latent attention (q and kv latents, normed; a RoPE key shared by the heads; values narrower
+    # than keys; YaRN with mscale_all_dim), a dense layer first, then GLM-4.5's routing in groups
+    "deepseek_v3": dict(arch="deepseek_v3", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                        num_experts_per_tok=3, moe_intermediate_size=32, n_group=4, topk_group=2, first_k_dense_replace=1,
+                        routed_scaling_factor=2.5, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                        rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64, mscale=1.0, mscale_all_dim=1.0,
+                                             beta_fast=32.0, beta_slow=1.0, rope_theta=10000.0)),
+    # without a q latent (DeepSeek-V2-Lite's q_proj), plain RoPE
+    "deepseek_v3-q_proj": dict(arch="deepseek_v3", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                               num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, first_k_dense_replace=1,
+                               q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=12),
     # Granite MoE: the top k logits' own softmax, experts stacked as input_linear/output_linear, Granite's multipliers
     "granitemoe": dict(arch="granitemoe", num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0, attention_multiplier=0.2,
                        residual_multiplier=0.5, logits_scaling=1.5),
@@ -244,7 +255,13 @@ def _config(tmp_path, **fields):
 
 
 @pytest.mark.parametrize("fields,named", [
-    (dict(architectures=["DeepseekV3ForCausalLM"]), "architectures"),
+    (dict(architectures=["Qwen3NextForCausalLM"]), "architectures"),
+    (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, topk_method="greedy"), "topk_method"),
+    (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, rope_interleave=False), "rope_interleave"),
+    (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, n_group=8, topk_group=4,
+          attention_bias=True), "attention_bias"),
+    (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, n_group=8, topk_group=4,
+          qk_nope_head_dim=7), "qk_nope_head_dim"),
     (dict(scoring_func="sigmoid"), "scoring_func"),
     (dict(n_group=4), "n_group"),
     (dict(num_experts_per_tok=5), "num_experts_per_tok"),

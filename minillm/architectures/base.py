@@ -115,6 +115,11 @@ class Architecture:
         """The q/k norm ("head", "projection" or None), where config.json may switch it."""
         return self.qk_norm
 
+    def latent_attention(self, fields: Fields) -> dict:
+        """Multi-head latent attention's sizes (ModelConfig's head_dim, rotary_dim, kv_lora_rank,
+        q_lora_rank, value_head_dim); {} for attention over q, k and v projections."""
+        return {}
+
     def variant(self, fields: Fields, hidden: int) -> dict:
         """Further ModelConfig fields where the family differs (scales, soft caps, multipliers)."""
         return {}

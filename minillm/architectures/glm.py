@@ -59,13 +59,16 @@ class Glm4Moe(Architecture):
     def biases(self, fields: Fields) -> dict:
         return dict(qkv_bias=fields.boolean("attention_bias", default=False), o_bias=False, mlp_bias=False)
 
+    default_dense_layers = 1  # first_k_dense_replace when config.json names none
+    default_groups = (1, 1)  # n_group, topk_group when config.json names none
+
     def experts(self, fields: Fields, layers: int, count: int) -> dict:
-        dense = fields.non_negative_int("first_k_dense_replace", default=1)
+        dense = fields.non_negative_int("first_k_dense_replace", default=self.default_dense_layers)
         return dict(norm_topk_prob=fields.boolean("norm_topk_prob", default=True), sparse_layers=tuple(i >= dense for i in range(layers)),
                     shared_expert_intermediate_size=fields.non_negative_int("n_shared_experts", default=1)
                     * fields.positive_int("moe_intermediate_size"),
                     router="sigmoid", selection_bias=True, routed_scaling=fields.number("routed_scaling_factor", 1.0),
-                    **expert_groups(fields, count))
+                    **expert_groups(fields, count, self.default_groups))
 
     def ignores(self, name: str, layers: int) -> bool:
         return layer_of(name) >= layers  # the multi-token prediction layers
@@ -88,10 +91,10 @@ class Glm4Moe(Architecture):
         config["num_hidden_layers"] -= meta.typed(p + "nextn_predict_layers", int, 0)
 
 
-def expert_groups(fields: Fields, count: int) -> dict:
+def expert_groups(fields: Fields, count: int, default: tuple[int, int] = (1, 1)) -> dict:
     """DeepSeek-V3's grouped routing (n_group groups of experts, the best topk_group kept)."""
-    groups = fields.positive_int("n_group", default=1)
-    keep = fields.positive_int("topk_group", default=1)
+    groups = fields.positive_int("n_group", default=default[0])
+    keep = fields.positive_int("topk_group", default=default[1])
     if count % groups or keep > groups:
         raise ConfigError(f"{fields.source}: fields 'n_group' ({groups}) and 'topk_group' ({keep}) must split the {count} experts "
                           "into equal groups and keep at most all of them")

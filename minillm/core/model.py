@@ -152,7 +152,7 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
     """Buffers for a step of up to `rows` rows (kernels.forward.Workspace)."""
     f = np.float32
     H, I, q_dim, kv_dim = cfg.hidden_size, cfg.widest_mlp, cfg.q_dim, cfg.kv_dim
-    widest = max(H, I, q_dim)
+    widest = max(H, I, q_dim, cfg.q_lora_rank, cfg.kv_lora_rank)
     moe_rows = rows if cfg.num_experts else 0  # a dense model's expert buffers are empty
     E, k = cfg.num_experts, cfg.experts_per_token
     routed = moe_rows * k  # rows the chosen experts run, gathered
@@ -184,6 +184,9 @@ def workspace(cfg: ModelConfig, rows: int, ctx: int) -> "K.Workspace":
         place=np.zeros((moe_rows, k), np.int64),
         jobs=np.zeros((2 * E, 4), np.int64),
         xe_adapter=np.zeros(routed, np.int64),
+        latent=aligned_zeros((rows, cfg.q_lora_rank + cfg.kv_lora_rank + cfg.rope_dim) if cfg.latent else (0, 0), f),
+        q_latent=aligned_zeros((rows if cfg.latent else 0, cfg.q_lora_rank), f),
+        kv_latent=aligned_zeros((rows if cfg.latent else 0, cfg.kv_lora_rank), f),
     )
 
 
@@ -429,6 +432,7 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         if layer.router is not None:
             router[i] = len(linears)
             linears += [layer.router, *(m for expert in layer.experts for m in expert)]
+    latent = _latent_matrices(layers, linears, no_mlp)
     runs_as = [K.with_activations(lin.format, activations) for lin in linears]
     formats = sorted(set(runs_as), key=lambda fmt: fmt.code)
     operands = sorted({fmt.operand for fmt in formats} - {K.Operand.FLOAT32})
@@ -486,8 +490,24 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         logit_scale=f(cfg.logits_scaling),
         centered_norm=cfg.layer_norm,
         parallel=cfg.parallel_block,
+        latent=latent,
+        q_latent_norm=stacked_norm("q_a_norm"),
+        kv_latent_norm=stacked_norm("kv_a_norm"),
+        value_dim=cfg.value_dim,
+        latent_eps=f(cfg.latent_norm_eps),
         **lora_tables(cfg, (), None),
     )
+
+
+def _latent_matrices(layers, linears: list, none: Linear) -> np.ndarray:
+    """Latent attention's q_a (`none` without one) and kv_a appended to `linears`: where each
+    layer's are (ModelWeights.latent), -1 for a layer without them."""
+    latent = np.full(len(layers), -1, np.int64)
+    for i, layer in enumerate(layers):
+        if layer.kv_a is not None:
+            latent[i] = len(linears)
+            linears += [layer.q_a or none, layer.kv_a]
+    return latent
 
 
 def lora_tables(cfg: ModelConfig, adapters: tuple[Adapter, ...], w: "K.ModelWeights | None") -> dict:

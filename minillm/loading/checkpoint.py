@@ -22,7 +22,7 @@ from ..memory import CACHE_LINE, aligned_empty, release_pages
 from .config import ModelConfig
 from .safetensors_io import SafetensorsFile
 from .tensor_names import (
-    HARMLESS_SUFFIXES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, moe_prefix,
+    HARMLESS_SUFFIXES, STACKED_DOWN, STACKED_GATE_UP, check_tensor_set, expected_shapes, expert_matrix, latent_rows, moe_prefix,
     rope_halves_order, router_name,
 )
 
@@ -72,11 +72,16 @@ class LayerWeights:
     selection_bias: np.ndarray | None = None  # (E,) float32: added to the router's scores for choosing only
     activation_params: np.ndarray | None = None  # (4,) float32: xIELU's alpha_p, alpha_n, beta, eps (Architecture.layer_activation)
     sinks: np.ndarray | None = None  # (nh,) each head's attention sink logit (gpt-oss)
+    # latent attention (cfg.latent): q, k, v above read the latents (latent_rows), these make them
+    q_a: Linear | None = None  # (q_lora_rank, H), or None: q reads the input
+    kv_a: Linear | None = None  # (kv_lora_rank + rope_dim, H): the kv latent, then the shared RoPE key (latent_rows)
+    q_a_norm: np.ndarray | None = None  # (q_lora_rank,)
+    kv_a_norm: np.ndarray | None = None  # (kv_lora_rank,)
 
     @property
     def linears(self) -> list[Linear]:
         """Every weight matrix of the layer."""
-        mlp = [m for m in (self.gate, self.up, self.down, self.router) if m is not None]
+        mlp = [m for m in (self.gate, self.up, self.down, self.router, self.q_a, self.kv_a) if m is not None]
         return [self.q, self.k, self.v, self.o, *mlp, *(m for expert in self.experts for m in expert)]
 
 
@@ -113,7 +118,8 @@ class Weights:
                 yield lin.scales
         yield self.norm
         for L in self.layers:
-            yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm, L.sinks) if n is not None)
+            yield from (n for n in (L.attn_norm, L.attn_out_norm, L.mlp_norm, L.mlp_out_norm, L.q_norm, L.k_norm, L.sinks, L.q_a_norm, L.kv_a_norm)
+                        if n is not None)
             for lin in L.linears:
                 yield lin.w
                 if lin.scales is not None:
@@ -199,11 +205,12 @@ def load_checkpoint(
             require_finite(arr, owner[name].path, name)
         return in_rope_order(cfg, name, arr)
 
-    def matrix(name: str) -> Linear:
+    def matrix(name: str, rows: np.ndarray | None = None) -> Linear:
+        """Tensor `name` as a Linear; `rows`: the stored rows it has, in this order (-1: a row of zeros)."""
         f = owner[name]
-        order = rope_halves_order(cfg, name, f.tensors[name].shape[0])
+        order = rope_halves_order(cfg, name, f.tensors[name].shape[0]) if rows is None else rows
         if order is not None:  # reordered rows: a copy, converted as any other
-            w = f.float32(name)[order]
+            w = rows_in_order(f.float32(name), order)
             return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), f.path, name, check_finite)
         stored = f.tensors[name].dtype
         if (stored, dtype) in (("F32", "float32"), ("BF16", "bfloat16")):  # the mapped file itself
@@ -280,6 +287,13 @@ def renamed(owner: dict[str, SafetensorsFile], renames) -> dict[str, Safetensors
         if new != name:
             f.tensors[new] = f.tensors.pop(name)
         out[new] = f
+    return out
+
+
+def rows_in_order(w: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """w's rows in `order`, a row of zeros where it says -1 (float32)."""
+    out = w[np.maximum(order, 0)].astype(np.float32)
+    out[order < 0] = 0
     return out
 
 
@@ -400,7 +414,11 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        if cfg.fused_qkv:  # Phi-3: row blocks of the fused matrix, views
+        latent = {}
+        if cfg.latent:
+            latent = _latent_attention(cfg, p + "self_attn.", matrix, norm)
+            q, k, v = latent.pop("q"), latent.pop("k"), latent.pop("v")
+        elif cfg.fused_qkv:  # Phi-3: row blocks of the fused matrix, views
             q, k, v = split_rows(linear(p + "self_attn.qkv_proj"), cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
         else:
             q, k, v = (linear(p + f"self_attn.{n}_proj") for n in ("q", "k", "v"))
@@ -421,12 +439,22 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
                 q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),
                 q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms, **mlp,
                 sinks=vector(p + "self_attn.sinks") if cfg.attention_sinks else None,
-                activation_params=cfg.spec.layer_activation(vector, p),
+                activation_params=cfg.spec.layer_activation(vector, p), **latent,
             )
         )
     embed = linear("model.embed_tokens")
     lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
+
+
+def _latent_attention(cfg: ModelConfig, p: str, matrix, norm) -> dict:
+    """A latent attention layer's LayerWeights fields (p: its `self_attn.` prefix): q, k and v as
+    the forward pass reads them from the latents (latent_rows), the latents' matrices and norms."""
+    q_source = p + ("q_b_proj" if cfg.q_lora_rank else "q_proj") + ".weight"
+    return dict(q=matrix(q_source, latent_rows(cfg, "q")), k=matrix(p + "kv_b_proj.weight", latent_rows(cfg, "k")),
+                v=matrix(p + "kv_b_proj.weight", latent_rows(cfg, "v")),
+                q_a=matrix(p + "q_a_proj.weight") if cfg.q_lora_rank else None, q_a_norm=norm(p + "q_a_layernorm") if cfg.q_lora_rank else None,
+                kv_a=matrix(p + "kv_a_proj_with_mqa.weight", latent_rows(cfg, "kv_a")), kv_a_norm=norm(p + "kv_a_layernorm"))
 
 
 def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, transposed=None, mxfp4=None) -> dict:

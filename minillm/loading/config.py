@@ -97,6 +97,13 @@ class ModelConfig:
     layer_norm: bool = False  # norms subtract the mean (LayerNorm without a bias, Cohere 2), else RMSNorm
     parallel_block: bool = False  # x + attn(norm(x)) + mlp(norm(x)): one norm, both sub-blocks on it (Cohere 2)
     interleaved_rope: bool = False  # q and k rotate neighbouring pairs (Ernie 4.5); the loader permutes their rows to halves
+    # multi-head latent attention (DeepSeek-V2/V3): k and v from a latent of kv_lora_rank (normed),
+    # q from one of q_lora_rank (0: q_proj reads the input itself); each head's key is head_dim
+    # wide (its own part, then rotary_dim dimensions shared by all heads), its value value_head_dim
+    kv_lora_rank: int = 0  # 0: not latent attention
+    q_lora_rank: int = 0
+    value_head_dim: int = 0  # 0: head_dim
+    latent_norm_eps: float = 1e-6  # the latents' RMSNorm epsilon (DeepseekV3RMSNorm's default: config.json's is not passed)
 
     @property
     def spec(self) -> Architecture:
@@ -116,6 +123,16 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_dim(self) -> int:
+        """Each head's value width (head_dim but under latent attention)."""
+        return self.value_head_dim or self.head_dim
 
     @property
     def rope_dim(self) -> int:
@@ -201,18 +218,11 @@ class ModelConfig:
         hidden = fields.positive_int("hidden_size")
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", default=heads)
-        head_dim = raw.get("head_dim")
-        if head_dim is None:
-            head_dim = spec.default_head_dim or hidden // heads
-        else:
-            head_dim = fields.positive_int("head_dim")
+        head_dim, rotary_dim, latent = _head_dims(fields, spec, hidden // heads)
         if heads % kv_heads:
             raise ConfigError(
                 f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
             )
-        if head_dim % 2:
-            raise ConfigError(f"{source}: field 'head_dim' ({head_dim}) must be even for RoPE")
-        rotary_dim = _rotary_dim(raw, source, head_dim, spec)
 
         eps = fields.number(spec.eps_field, default=spec.default_eps)
         if not eps > 0:
@@ -258,8 +268,23 @@ class ModelConfig:
             layer_norm=spec.layer_norm,
             parallel_block=spec.parallel_block,
             **spec.variant(fields, hidden),
+            **latent,
             **_experts(fields, spec, layers),
         )
+
+
+def _head_dims(fields: Fields, spec: Architecture, default: int) -> tuple[int, int, dict]:
+    """head_dim, rotary_dim (0: all of it) and latent attention's other sizes ({} without it).
+    Under latent attention head_dim is the key's width, its own part and RoPE's (config.json's
+    head_dim names RoPE's)."""
+    latent = dict(spec.latent_attention(fields))
+    if latent:
+        return latent.pop("head_dim"), latent.pop("rotary_dim"), latent
+    raw, source = fields.raw, fields.source
+    head_dim = fields.positive_int("head_dim") if raw.get("head_dim") is not None else spec.default_head_dim or default
+    if head_dim % 2:
+        raise ConfigError(f"{source}: field 'head_dim' ({head_dim}) must be even for RoPE")
+    return head_dim, _rotary_dim(raw, source, head_dim, spec), {}
 
 
 def _rotary_dim(raw: dict, source: str, head_dim: int, spec: Architecture) -> int:

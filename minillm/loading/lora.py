@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CheckpointError, MiniLLMError
 from .config import ModelConfig
 from .safetensors_io import SafetensorsFile
-from .tensor_names import expected_shapes, rope_halves_order
+from .tensor_names import expected_shapes, latent_rows, rope_halves_order
 
 _keys = itertools.count()
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -292,7 +292,10 @@ def _update(cfg: ModelConfig, shapes: dict, where: Path, module: str, a: np.ndar
                               f"the base matrix {[N, K]} and rank {r} imply [{r}, {K}] and [{N}, {r}]")
     if not (np.isfinite(widened(a)).all() and np.isfinite(widened(b)).all()):
         raise CheckpointError(f"{where}: module {module!r} has values that are not finite")
-    order = rope_halves_order(cfg, module.rsplit(".", 1)[-1] + ".weight", N)  # q and k rows as the model holds them
+    if cfg.latent:  # q_proj's rows as latent attention holds them; its other projections are not in _KINDS
+        order = latent_rows(cfg, "q") if kind == "q" else None
+    else:
+        order = rope_halves_order(cfg, module.rsplit(".", 1)[-1] + ".weight", N)  # q and k rows as the model holds them
     if order is not None:
         b = b[order]
     return LoraUpdate(module, layer, kind, a, b, float(scale), expert)

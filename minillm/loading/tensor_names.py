@@ -64,7 +64,10 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
         if cfg.qk_norm is not None:
             shapes[p + "self_attn.q_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.q_dim,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.kv_dim,)
-        if cfg.fused_qkv:
+        if cfg.latent:
+            attn = {}
+            shapes.update({p + f"self_attn.{name}.weight": shape for name, shape in latent_shapes(cfg).items()})
+        elif cfg.fused_qkv:
             attn = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, H), "o": (H, cfg.q_dim)}
         else:
             attn = {"q": (cfg.q_dim, H), "k": (cfg.kv_dim, H), "v": (cfg.kv_dim, H), "o": (H, cfg.q_dim)}
@@ -87,6 +90,15 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
             if cfg.mlp_bias:
                 shapes[p + f"mlp.{name}_proj.bias"] = shape[:1]
     return shapes
+
+
+def latent_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Latent attention's weights under self_attn. (DeepseekV3Attention's), without ".weight"."""
+    H, heads, own = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim - cfg.rope_dim
+    q = {"q_a_proj": (cfg.q_lora_rank, H), "q_a_layernorm": (cfg.q_lora_rank,), "q_b_proj": (cfg.q_dim, cfg.q_lora_rank)}
+    return {**(q if cfg.q_lora_rank else {"q_proj": (cfg.q_dim, H)}), "kv_a_proj_with_mqa": (cfg.kv_lora_rank + cfg.rope_dim, H),
+            "kv_a_layernorm": (cfg.kv_lora_rank,), "kv_b_proj": (heads * (own + cfg.value_dim), cfg.kv_lora_rank),
+            "o_proj": (H, heads * cfg.value_dim)}
 
 
 def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int, ...]]:
@@ -169,3 +181,34 @@ def rope_halves_order(cfg: ModelConfig, name: str, rows: int, pairs: bool | None
     still = np.arange(r, hd)
     head = np.concatenate([turned[0], still[: len(still) // 2], turned[1], still[len(still) // 2 :]])
     return (np.arange(heads)[:, None] * hd + head[None, :]).reshape(-1)
+
+
+def latent_rows(cfg: ModelConfig, which: str) -> np.ndarray:
+    """Latent attention's matrices as the forward pass reads them: the stored rows of q_b_proj (or
+    q_proj) for "q", of kv_b_proj for "k" and "v", of kv_a_proj_with_mqa for "kv_a", in order, -1
+    for a row of zeros. A head of q or k is [own part | RoPE part] as stored; here the RoPE part
+    comes first, in the halves the RoPE kernel turns (rope_halves_order: its neighbouring pairs
+    split into their first and second members), so that every head's q and k are reordered alike
+    and attention is unchanged. k's RoPE rows are zeros: the forward pass writes the shared key
+    there, kv_a's last rows, which are given in those halves too. A value is v_head_dim wide,
+    zeros after it up to head_dim (the cache's rows are one width)."""
+    hd, r, heads, v = cfg.head_dim, cfg.rope_dim, cfg.num_attention_heads, cfg.value_dim
+    own = hd - r
+    halves = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
+    if which == "kv_a":
+        return np.concatenate([np.arange(cfg.kv_lora_rank), cfg.kv_lora_rank + halves])
+    # the RoPE kernel's head: the turned halves, each followed by half of the dimensions it leaves alone
+    still = np.arange(r, hd)
+    head = np.concatenate([halves[: r // 2], still[: own // 2], halves[r // 2 :], still[own // 2 :]])
+    stride = own + v  # kv_b_proj's rows per head: the key's own part, then the value
+    per_head = []
+    for h in range(heads):
+        if which == "q":  # stored [own | rope] -> [rope | own]
+            virtual = np.concatenate([h * hd + own + np.arange(r), h * hd + np.arange(own)])
+        elif which == "k":
+            virtual = np.concatenate([np.full(r, -1), h * stride + np.arange(own)])
+        else:
+            per_head.append(np.concatenate([h * stride + own + np.arange(v), np.full(hd - v, -1)]))
+            continue
+        per_head.append(virtual[head])
+    return np.concatenate(per_head)
