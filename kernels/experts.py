@@ -135,7 +135,7 @@ def _route(route, E, chosen, chosen_weight, w, selection):
             for e in range(E):
                 by[e] = p[e] + selection[e] if selection.shape[0] > 0 else p[e]
             if w.router_groups > 1:
-                _keep_best_groups(by, w.router_groups, w.router_group_topk)
+                _keep_best_groups(by, w.router_groups, w.router_group_topk, w.router_group_best)
         _top_k(by, chosen[t], chosen_weight[t], E)
         for j in range(k):
             chosen_weight[t, j] = p[chosen[t, j]]
@@ -168,9 +168,10 @@ def _softmax(p):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _keep_best_groups(by, groups, keep):
-    """by (E,): -inf outside the `keep` groups of E / groups consecutive experts whose two best
-    scores sum highest (ties to the lower group), as DeepSeek-V3's and GLM-4.5's routers mask them.
+def _keep_best_groups(by, groups, keep, summed):
+    """by (E,): -inf outside the `keep` groups of E / groups consecutive experts whose `summed` best
+    scores sum highest (ties to the lower group), as DeepSeek-V3's and GLM-4.5's routers mask them
+    (two best), and DeepSeek-V2's group_limited_greedy (the best).
     The keep-th best group is found first; a group's score reads only its own experts, so masking
     one group after that leaves the others' scores as they were."""
     size = by.shape[0] // groups
@@ -178,28 +179,28 @@ def _keep_best_groups(by, groups, keep):
     for _ in range(keep):  # the next group in (score descending, group ascending) order
         best_score, best = np.float32(-np.inf), -1
         for g in range(groups):
-            score = _group_score(by, g, size)
+            score = _group_score(by, g, size, summed)
             after_last = score < last_score or (score == last_score and g > last)
             if after_last and (best < 0 or score > best_score):
                 best_score, best = score, g
         last_score, last = best_score, best
     for g in range(groups):
-        score = _group_score(by, g, size)
+        score = _group_score(by, g, size, summed)
         if score < last_score or (score == last_score and g > last):
             for e in range(g * size, (g + 1) * size):
                 by[e] = -np.inf
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def _group_score(by, g, size):
-    """The sum of group g's two best scores."""
+def _group_score(by, g, size, summed):
+    """The sum of group g's two best scores, or its best alone (summed 1)."""
     first, second = np.float32(-np.inf), np.float32(-np.inf)
     for e in range(g * size, (g + 1) * size):
         if by[e] > first:
             first, second = by[e], first
         elif by[e] > second:
             second = by[e]
-    return first + second
+    return first if summed == 1 else first + second
 
 
 @njit(cache=True, _nrt=False)

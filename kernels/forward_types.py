@@ -109,6 +109,7 @@ class ModelWeights(NamedTuple):
     selection_bias: np.ndarray  # (L, E) added to the scores for choosing experts only (e_score_correction_bias), or (L, 0)
     router_groups: int  # the experts in this many groups, of which a row chooses among the best router_group_topk
     router_group_topk: int
+    router_group_best: int  # a group's score: the sum of its this many best scores (2: DeepSeek-V3, GLM-4.5; 1: DeepSeek-V2)
     routed_scale: float  # the chosen experts' weights times this (routed_scaling_factor)
     norm_min: float  # the renormalising sum is at least this (Ernie 4.5's moe_norm_min; else 0)
     expert_gate_up_bias: np.ndarray  # (L, E, 2 I) each expert's gate | up bias (gpt-oss), or (0, 0, 0)
@@ -177,7 +178,7 @@ ROWS_TYPE = types.NamedTuple([_I1, _I1, _I1, _I1, _F2, _F3, _I3, _I1], Rows)
 MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64, _F2,
-     _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
+     _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
      _I1, _F2, _F2, types.int64, types.float32,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,

@@ -60,6 +60,16 @@ CASES = {
     "deepseek_v3-q_proj": dict(arch="deepseek_v3", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
                                num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, first_k_dense_replace=1,
                                q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=12),
+    # DeepSeek-V2: the same attention; a softmax router among the best 2 of 4 groups by their best score, weights
+    # scaled and not renormalised, two shared experts
+    "deepseek_v2": dict(arch="deepseek_v2", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                        num_experts_per_tok=3, moe_intermediate_size=32, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                        first_k_dense_replace=1, routed_scaling_factor=1.5, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
+                        qk_rope_head_dim=8, v_head_dim=10),
+    # DeepSeek-V2-Lite's shape: no q latent, greedy top k, every layer sparse
+    "deepseek_v2-lite": dict(arch="deepseek_v2", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                             num_experts_per_tok=2, moe_intermediate_size=32, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=12,
+                             qk_rope_head_dim=8, v_head_dim=12, n_shared_experts=1),
     # Granite MoE: the top k logits' own softmax, experts stacked as input_linear/output_linear, Granite's multipliers
     "granitemoe": dict(arch="granitemoe", num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0, attention_multiplier=0.2,
                        residual_multiplier=0.5, logits_scaling=1.5),
@@ -91,7 +101,7 @@ def test_the_router_really_chooses(checkpoint):
     """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
     name, path, oracle = checkpoint
     cfg = ModelConfig.from_file(path / "config.json")
-    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe", "glm4_moe-groups")))
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe", "glm4_moe-groups", "deepseek_v2-lite")))
     chosen = set()
     with torch.no_grad():
         out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)
@@ -256,6 +266,7 @@ def _config(tmp_path, **fields):
 
 @pytest.mark.parametrize("fields,named", [
     (dict(architectures=["Qwen3NextForCausalLM"]), "architectures"),
+    (dict(architectures=["DeepseekV2ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, topk_method="noaux_tc"), "topk_method"),
     (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, topk_method="greedy"), "topk_method"),
     (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, rope_interleave=False), "rope_interleave"),
     (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, n_group=8, topk_group=4,

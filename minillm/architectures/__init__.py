@@ -8,7 +8,7 @@ from __future__ import annotations
 from .apertus import Apertus
 from .base import Architecture, Fields, LAYER_TYPES
 from .cohere import Cohere2
-from .deepseek import DeepseekV3
+from .deepseek import DeepseekV2, DeepseekV3
 from .ernie import Ernie45, Ernie45Moe
 from .exaone4 import Exaone4
 from .gemma import Gemma2, Gemma3
@@ -29,7 +29,7 @@ SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
     Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(), Cohere2(), Ministral(),
-    Ernie45Moe(), Glm4Moe(), Apertus(), DeepseekV3(),
+    Ernie45Moe(), Glm4Moe(), Apertus(), DeepseekV3(), DeepseekV2(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)

@@ -14,7 +14,7 @@ import math
 
 from ..errors import ConfigError
 from .base import Fields
-from .glm import Glm4Moe
+from .glm import Glm4Moe, expert_groups
 
 
 class DeepseekV3(Glm4Moe):
@@ -27,6 +27,9 @@ class DeepseekV3(Glm4Moe):
     default_groups = (8, 4)
     router_fields = ("n_shared_experts", "first_k_dense_replace", "n_group", "topk_method", "scoring_func", "moe_layer_freq")
     gguf_bias_fields = {}
+    # the router's fields transformers does not read, with the values its code implements (the first
+    # the default): V3's router is always the sigmoid with groups, every layer after the dense ones sparse
+    router_values = (("topk_method", ("noaux_tc",)), ("scoring_func", ("sigmoid",)), ("moe_layer_freq", (1,)))
     docs = ("before, `x * w`; the latents' own", "-", "dense layers first, then experts: sigmoid router with a selection bias "
             "and groups, top k renormalised and scaled, plus shared experts", "latent (MLA): q and kv from normed low-rank latents",
             "on neighbouring pairs of each head's last `qk_rope_head_dim`, the key's part shared by the heads")
@@ -38,10 +41,9 @@ class DeepseekV3(Glm4Moe):
         if raw.get("rope_interleave", True) is not True:
             raise ConfigError(f"{source}: field 'rope_interleave' is {raw['rope_interleave']!r}; only RoPE on neighbouring pairs "
                               "(true, DeepSeek's own) is supported")
-        # transformers reads neither: its router is always the sigmoid with groups, every layer after the dense ones sparse
-        for field, value in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("moe_layer_freq", 1)):
-            if raw.get(field, value) != value:
-                raise ConfigError(f"{source}: field '{field}' is {raw[field]!r}; DeepSeek-V3's is {value!r}")
+        for field, allowed in self.router_values:
+            if raw.get(field, allowed[0]) not in allowed:
+                raise ConfigError(f"{source}: field '{field}' is {raw[field]!r}; {self.hf_names[0]} takes {' or '.join(map(repr, allowed))}")
 
     def qk_norm_kind(self, fields: Fields) -> str | None:
         return None
@@ -73,3 +75,28 @@ class DeepseekV3(Glm4Moe):
             mscale = 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0 if factor > 1 else 1.0
             scale *= mscale * mscale
         return dict(attention_multiplier=scale)
+
+
+class DeepseekV2(DeepseekV3):
+    """DeepSeek-V2 (V2-Lite, V2.5, Coder-V2): V3's latent attention; after first_k_dense_replace
+    dense layers, experts chosen by softmax scores (topk_method "greedy"), or among the topk_group
+    groups whose best score is highest ("group_limited_greedy"), weighed by their scores as they
+    are (transformers' router does not renormalise them) times routed_scaling_factor, with
+    n_shared_experts shared experts added."""
+
+    hf_names = ("DeepseekV2ForCausalLM",)
+    default_top_k = None
+    default_dense_layers = 0  # DeepseekV2Config's
+    router_values = (("topk_method", ("greedy", "group_limited_greedy")), ("scoring_func", ("softmax",)), ("moe_layer_freq", (1,)))
+    docs = ("before, `x * w`; the latents' own", "-", "dense layers first, then experts: softmax router, top k (among the best "
+            "groups with `group_limited_greedy`) scaled, plus shared experts", "latent (MLA), as DeepSeek-V3",
+            "on neighbouring pairs of each head's last `qk_rope_head_dim`, the key's part shared by the heads")
+
+    def experts(self, fields: Fields, layers: int, count: int) -> dict:
+        dense = fields.non_negative_int("first_k_dense_replace", default=self.default_dense_layers)
+        grouped = fields.raw.get("topk_method", "greedy") == "group_limited_greedy"
+        return dict(norm_topk_prob=False, sparse_layers=tuple(i >= dense for i in range(layers)),
+                    shared_expert_intermediate_size=fields.non_negative_int("n_shared_experts", default=2)
+                    * fields.positive_int("moe_intermediate_size"),
+                    router="softmax", selection_bias=False, routed_scaling=fields.number("routed_scaling_factor", 1.0),
+                    **(dict(expert_groups(fields, count), router_group_best=1) if grouped else {}))

@@ -595,7 +595,7 @@ def _router_knobs(cfg: ModelConfig, layers) -> dict:
     f = np.float32
     return dict(experts=cfg.num_experts, experts_per_token=cfg.experts_per_token, norm_topk=cfg.norm_topk_prob,
                 router_kind=ROUTER_KINDS[cfg.router], **_expert_biases(cfg, layers), selection_bias=_selection_biases(cfg, layers),
-                router_groups=cfg.router_groups, router_group_topk=cfg.router_group_topk, routed_scale=f(cfg.routed_scaling),
+                router_groups=cfg.router_groups, router_group_topk=cfg.router_group_topk, router_group_best=cfg.router_group_best, routed_scale=f(cfg.routed_scaling),
                 norm_min=f(cfg.router_norm_min))
 
 

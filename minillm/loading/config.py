@@ -84,7 +84,8 @@ class ModelConfig:
     router: str = "softmax"  # "softmax" over all experts, then the top k; "topk_softmax" (gpt-oss); or "sigmoid" of each (GLM-4.5)
     selection_bias: bool = False  # a per-expert bias added to the scores for choosing only (e_score_correction_bias)
     router_groups: int = 1  # experts in this many groups; a row chooses among the router_group_topk best groups
-    router_group_topk: int = 1  #   (a group scored by the sum of its two best scores)
+    router_group_topk: int = 1  #   (a group scored by the sum of its router_group_best best scores:
+    router_group_best: int = 2  #   two in DeepSeek-V3 and GLM-4.5, one in DeepSeek-V2)
     routed_scaling: float = 1.0  # the chosen experts' weights times this (routed_scaling_factor)
     router_norm_min: float = 0.0  # the renormalising sum is at least this (Ernie 4.5's moe_norm_min)
     router_bias: bool = False  # the router's logits have a bias, and the experts' matrices too (gpt-oss)
