@@ -17,7 +17,8 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "GptOssForCausalLM": "gpt-oss", "GraniteForCausalLM": "granite", "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
              "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
              "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
-             "Glm4MoeForCausalLM": "glm4moe", "ApertusForCausalLM": "apertus"}
+             "Glm4MoeForCausalLM": "glm4moe", "ApertusForCausalLM": "apertus", "DeepseekV3ForCausalLM": "deepseek2",
+             "DeepseekV2ForCausalLM": "deepseek2"}
 PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
@@ -27,13 +28,15 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, fuse_gate_up_exps: bool = False, split_max_tensors: int = 0) -> Path:
+def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, fuse_gate_up_exps: bool = False, split_max_tensors: int = 0,
+               split_kv_b: bool = True) -> Path:
     """Convert the checkpoint in hf_dir to a GGUF at path: F32 tensors, or 2-D weights (and 3-D
     experts) quantized to `qtype` (a gguf.GGMLQuantizationType, or a function of the GGUF tensor
     name giving one or None) where their rows allow it. vocab: tokenizer metadata (make_vocab's),
     by default one of the right kind and size. A mixture of experts' per-expert matrices are
     stacked into ffn_{gate,up,down}_exps (or with fuse_gate_up_exps, ffn_gate_up_exps), as the
-    converter stacks them."""
+    converter stacks them. DeepSeek's kv_b_proj is split into attn_k_b (transposed) and attn_v_b,
+    as the converter does since its MLA change, or with split_kv_b=False kept whole, as before."""
     from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
     from gguf.quants import quantize
     from safetensors.numpy import load_file
@@ -53,7 +56,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.add_block_count(L + nextn)  # GLM-4.5's converter counts its multi-token prediction layers
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    w.add_head_count_kv(1 if arch == "deepseek2" else kv_heads)  # DeepSeek: latent attention as llama.cpp's MQA
     if arch == "cohere2":  # a LayerNorm: its epsilon and logit scale, the window and each layer's kind
         w.add_layer_norm_eps(cfg["layer_norm_eps"])
         w.add_logit_scale(cfg["logit_scale"])
@@ -86,6 +89,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         w.add_expert_weights_scale(cfg["routed_scaling_factor"])
         w.add_expert_weights_norm(cfg["norm_topk_prob"])
         w.add_nextn_predict_layers(nextn)
+    if arch == "deepseek2":
+        _deepseek_metadata(w, cfg, full, split_kv_b)
     if arch == "gpt-oss":  # as its converter: the expert width, the window, YaRN
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
         w.add_sliding_window(cfg["sliding_window"])
@@ -96,7 +101,9 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
         w.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
-    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss") or cfg.get("head_dim") and arch not in PERMUTED_QK + ("phi3", "olmo2"):
+    if arch == "deepseek2":
+        pass  # its sizes above
+    elif arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss") or cfg.get("head_dim") and arch not in PERMUTED_QK + ("phi3", "olmo2"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
         if rope_dims != head_dim:
@@ -145,6 +152,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         for i in range(L):
             gate, up = tensors.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), tensors.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
             tensors[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
+    if arch == "deepseek2" and split_kv_b:
+        tensors = _split_kv_b(tensors, cfg)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
     written = {}  # GGUF name -> (data, quantization type or None)
     for hf, t in tensors.items():
@@ -191,6 +200,60 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     first = w.format_shard_names(Path(path))[0]  # path itself unless split
     w.close()
     return first
+
+
+def _deepseek_metadata(w, cfg: dict, rope: dict, split_kv_b: bool) -> None:
+    """DeepseekV2Model.set_gguf_parameters' keys: the latent's lengths as llama.cpp's MQA (key:
+    kv_lora_rank + RoPE dims, value: kv_lora_rank) and the heads' as the _mla ones (before its MLA
+    change: the heads' as the plain ones), the router's (its gating function from the real models'
+    scoring_func: V3's sigmoid, V2's softmax), YaRN's log multiplier."""
+    from gguf import ExpertGatingFuncType, RopeScalingType
+
+    rank, rope_dims = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(rank)
+    if split_kv_b:
+        w.add_key_length(rank + rope_dims)
+        w.add_value_length(rank)
+        w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope_dims)
+        w.add_value_length_mla(cfg["v_head_dim"])
+    else:
+        w.add_key_length(cfg["qk_nope_head_dim"] + rope_dims)
+        w.add_value_length(cfg["v_head_dim"])
+    w.add_rope_dimension_count(rope_dims)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    v3 = cfg["architectures"][0] == "DeepseekV3ForCausalLM"
+    if v3 and cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
+    if v3 or cfg.get("topk_method") == "group_limited_greedy":
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+
+
+def _split_kv_b(tensors: dict, cfg: dict) -> dict:
+    """DeepSeek's kv_b_proj as the converter writes it: k_b_proj (heads, kv_lora_rank, own part),
+    each head's key rows transposed, and v_b_proj (heads, v_head_dim, kv_lora_rank)."""
+    heads, own, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("kv_b_proj.weight"):
+            kv_b = t.reshape(heads, own + v, t.shape[-1])
+            out[name.replace("kv_b_proj", "k_b_proj")] = np.ascontiguousarray(kv_b[:, :own].transpose(0, 2, 1))
+            out[name.replace("kv_b_proj", "v_b_proj")] = np.ascontiguousarray(kv_b[:, own:])
+        else:
+            out[name] = t
+    return out
 
 
 def _split_gpt_oss_experts(tensors: dict) -> dict:

@@ -302,6 +302,12 @@ GGUF_CASES = {
     "granitemoe": dict(CASES["granitemoe"], **dict(GGUF_SHAPE, intermediate_size=32)),
     "ernie4_5_moe": dict(CASES["ernie4_5_moe"], **GGUF_SHAPE),
     "glm4_moe": dict(CASES["glm4_moe"], **GGUF_SHAPE),  # written with its multi-token prediction layer, skipped
+    # llama.cpp's "deepseek2", kv_b_proj split into attn_k_b (transposed: kept Q8_0 from a block format) and attn_v_b; latents of
+    # whole blocks; YaRN's mscale_all_dim as its log multiplier
+    "deepseek_v3": dict(CASES["deepseek_v3"], **dict(GGUF_SHAPE, num_key_value_heads=4), q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+                        v_head_dim=32),
+    "deepseek_v2": dict(CASES["deepseek_v2"], **dict(GGUF_SHAPE, num_key_value_heads=4), q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+                        v_head_dim=32),
 }
 
 

@@ -12,14 +12,14 @@ latent itself is not what is cached."""
 
 import math
 
-from ..errors import ConfigError
+from ..errors import ConfigError, GGUFError
 from .base import Fields
 from .glm import Glm4Moe, expert_groups
 
 
 class DeepseekV3(Glm4Moe):
     hf_names = ("DeepseekV3ForCausalLM",)
-    gguf_name = None  # llama.cpp's "deepseek2" files: not read yet
+    gguf_name = "deepseek2"  # V2's and V3's files alike: the router's gating function tells them apart (gguf_experts)
     partial_rotary = False
     default_rotary_factor = 1.0
     default_top_k = 8
@@ -63,6 +63,37 @@ class DeepseekV3(Glm4Moe):
         return dict(head_dim=own + rope, rotary_dim=rope, kv_lora_rank=fields.positive_int("kv_lora_rank", default=512),
                     q_lora_rank=q_rank, value_head_dim=value)
 
+    def gguf_experts(self, meta, p: str, experts: int) -> dict:
+        """The experts' fields, and which DeepSeek: a sigmoid router is V3's, a softmax (and a file
+        from before the key) V2's."""
+        gating = meta.typed(p + "expert_gating_func", int, 1)
+        if gating not in (1, 2):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, _SIGMOID
+            raise GGUFError(f"{meta.path}: metadata '{p}expert_gating_func' is {gating}; DeepSeek's routers are the softmax (1) and the sigmoid (2)")
+        groups, kept = meta.typed(p + "expert_group_count", int, 1), meta.typed(p + "expert_group_used_count", int, 1)
+        fields = {"n_routed_experts": experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
+                  "moe_intermediate_size": meta.require(p + "expert_feed_forward_length", int),
+                  "n_shared_experts": meta.typed(p + "expert_shared_count", int, 0),
+                  "first_k_dense_replace": meta.typed(p + "leading_dense_block_count", int, 0),
+                  "routed_scaling_factor": float(meta.typed(p + "expert_weights_scale", float, 1.0)), "n_group": groups, "topk_group": kept}
+        if gating == 2:
+            return {**fields, "architectures": ["DeepseekV3ForCausalLM"], "norm_topk_prob": bool(meta.typed(p + "expert_weights_norm", bool, False))}
+        return {**fields, "architectures": ["DeepseekV2ForCausalLM"], "topk_method": "group_limited_greedy" if groups > 1 else "greedy"}
+
+    def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
+        """Latent attention's sizes: llama.cpp's key and value lengths are the latent's (its MQA
+        view, one KV head), its _mla ones the heads' (older files: the plain keys are the heads')."""
+        rope_dims = meta.require(p + "rope.dimension_count", int)
+        key = meta.typed(p + "attention.key_length_mla", int) or meta.require(p + "attention.key_length", int)
+        value = meta.typed(p + "attention.value_length_mla", int) or meta.require(p + "attention.value_length", int)
+        config.update(q_lora_rank=meta.typed(p + "attention.q_lora_rank", int), kv_lora_rank=meta.require(p + "attention.kv_lora_rank", int),
+                      qk_rope_head_dim=rope_dims, qk_nope_head_dim=key - rope_dims, v_head_dim=value, head_dim=rope_dims,
+                      num_key_value_heads=config["num_attention_heads"])
+        config.pop("partial_rotary_factor", None)
+        log_mul = meta.typed(p + "rope.scaling.yarn_log_multiplier", float)
+        if log_mul and rope.get("rope_type") == "yarn":  # the converter's 0.1 * mscale_all_dim (mscale is the same in DeepSeek's configs)
+            rope["mscale"] = rope["mscale_all_dim"] = log_mul / 0.1
+        super().gguf_config(meta, p, config, rope)
+
     def variant(self, fields: Fields, hidden: int) -> dict:
         """Scores scaled by the key's width and, under YaRN, by mscale_all_dim's factor squared
         (transformers' yarn_apply_mscale)."""
@@ -85,6 +116,7 @@ class DeepseekV2(DeepseekV3):
     n_shared_experts shared experts added."""
 
     hf_names = ("DeepseekV2ForCausalLM",)
+    gguf_name = None  # llama.cpp's "deepseek2" is read by DeepseekV3's spec, which names this one for a softmax router
     default_top_k = None
     default_dense_layers = 0  # DeepseekV2Config's
     router_values = (("topk_method", ("greedy", "group_limited_greedy")), ("scoring_func", ("softmax",)), ("moe_layer_freq", (1,)))

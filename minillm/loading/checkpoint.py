@@ -291,8 +291,9 @@ def renamed(owner: dict[str, SafetensorsFile], renames) -> dict[str, Safetensors
 
 
 def rows_in_order(w: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """w's rows in `order`, a row of zeros where it says -1 (float32)."""
-    out = w[np.maximum(order, 0)].astype(np.float32)
+    """w's rows in `order` (a copy), a row of zeros where it says -1: of floats, or of GGUF blocks,
+    whose zero bytes are zeros in every format (their scales are 0)."""
+    out = w[np.maximum(order, 0)]
     out[order < 0] = 0
     return out
 
@@ -340,16 +341,21 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
             require_finite(arr, path, name)
         return in_rope_order(cfg, name, arr)
 
-    def matrix(name: str) -> Linear:
+    def matrix(name: str, rows: np.ndarray | None = None) -> Linear:
+        """Tensor `name` as a Linear; `rows`: its stored rows in this order (-1: a row of zeros)."""
+        if name.endswith("k_b_proj.weight"):
+            return _transposed_keys(model, name, rows, dtype if not as_stored else None, check_finite)
         if not as_stored:  # converted: dequantized whole (one tensor at a time), then packed
-            w = in_rope_order(cfg, name, model.float32(name))
+            w = model.float32(name)
+            w = in_rope_order(cfg, name, w) if rows is None else rows_in_order(w.reshape(-1, w.shape[-1]), rows)
             return pack(lambda r0, r1: w[r0:r1], w.shape, matrix_format(cfg, dtype, name), path, name, check_finite)
         fmt = F.BY_GGML_TYPE.get(model.ggml_type(name))
         if fmt is None:
             raise CheckpointError(f"{path}: tensor {name!r} has ggml type {model.ggml_type(name)}, which minillm cannot run as stored; use --dtype float32")
-        if shapes[name][1] % fmt.block:
-            raise CheckpointError(f"{path}: tensor {name!r} rows of {shapes[name][1]} are not whole blocks of {fmt.block}; use --dtype float32")
-        w = in_rope_order(cfg, name, model.stored(name, as_bytes=fmt.is_gguf_blocks))
+        if shapes[name][-1] % fmt.block:
+            raise CheckpointError(f"{path}: tensor {name!r} rows of {shapes[name][-1]} are not whole blocks of {fmt.block}; use --dtype float32")
+        w = model.stored(name, as_bytes=fmt.is_gguf_blocks)
+        w = in_rope_order(cfg, name, w) if rows is None else rows_in_order(w, rows)
         if check_finite:
             require_finite(model.float32(name), path, name)
         if not fmt.is_gguf_blocks:  # F32 or BF16: float32 or bfloat16 bits, on the dense kernels
@@ -385,6 +391,18 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
     return cfg, assemble(cfg, dtype, shapes, matrix, vector, stacked)
 
 
+def _transposed_keys(model, name: str, rows: np.ndarray, dtype: str | None, check_finite: bool) -> Linear:
+    """llama.cpp's k_b_proj (heads, kv_lora_rank, own part), each head's keys transposed: back to
+    rows of kv_lora_rank in `rows`' order, converted to `dtype`; as stored (None), kept float32
+    from a float file and Q8_0 from a block format (its blocks run along the rows it transposed)."""
+    w = model.float32(name)
+    w = rows_in_order(np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(-1, w.shape[1]), rows)
+    if dtype is None:
+        stored = F.BY_GGML_TYPE.get(model.ggml_type(name))
+        dtype = "q8_0" if w.shape[1] % F.BY_NAME["Q8_0"].block == 0 and (stored is None or stored.is_gguf_blocks) else "float32"
+    return pack(lambda r0, r1: w[r0:r1], w.shape, dtype, model.path, name, check_finite)
+
+
 def _matrix_kind(name: str) -> str:
     """A tensor's name without its layer: "model.layers.3.self_attn.v_proj.weight" -> "self_attn.v_proj.weight"."""
     if name.startswith("model.layers."):
@@ -416,7 +434,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
         p = f"model.layers.{i}."
         latent = {}
         if cfg.latent:
-            latent = _latent_attention(cfg, p + "self_attn.", matrix, norm)
+            latent = _latent_attention(cfg, p + "self_attn.", shapes, matrix, norm)
             q, k, v = latent.pop("q"), latent.pop("k"), latent.pop("v")
         elif cfg.fused_qkv:  # Phi-3: row blocks of the fused matrix, views
             q, k, v = split_rows(linear(p + "self_attn.qkv_proj"), cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
@@ -447,12 +465,15 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
 
 
-def _latent_attention(cfg: ModelConfig, p: str, matrix, norm) -> dict:
+def _latent_attention(cfg: ModelConfig, p: str, shapes: dict, matrix, norm) -> dict:
     """A latent attention layer's LayerWeights fields (p: its `self_attn.` prefix): q, k and v as
-    the forward pass reads them from the latents (latent_rows), the latents' matrices and norms."""
+    the forward pass reads them from the latents (latent_rows), the latents' matrices and norms;
+    k and v from kv_b_proj, or from llama.cpp's k_b_proj and v_b_proj (tensor_names.latent_shapes)."""
     q_source = p + ("q_b_proj" if cfg.q_lora_rank else "q_proj") + ".weight"
-    return dict(q=matrix(q_source, latent_rows(cfg, "q")), k=matrix(p + "kv_b_proj.weight", latent_rows(cfg, "k")),
-                v=matrix(p + "kv_b_proj.weight", latent_rows(cfg, "v")),
+    split = p + "k_b_proj.weight" in shapes
+    k_source, v_source = (p + "k_b_proj.weight", p + "v_b_proj.weight") if split else (p + "kv_b_proj.weight",) * 2
+    return dict(q=matrix(q_source, latent_rows(cfg, "q")), k=matrix(k_source, latent_rows(cfg, "k", split)),
+                v=matrix(v_source, latent_rows(cfg, "v", split)),
                 q_a=matrix(p + "q_a_proj.weight") if cfg.q_lora_rank else None, q_a_norm=norm(p + "q_a_layernorm") if cfg.q_lora_rank else None,
                 kv_a=matrix(p + "kv_a_proj_with_mqa.weight", latent_rows(cfg, "kv_a")), kv_a_norm=norm(p + "kv_a_layernorm"))
 

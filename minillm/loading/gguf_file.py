@@ -91,7 +91,8 @@ class GGUFModel:
         except ConfigError as e:
             raise GGUFError(str(e)) from None
         fused = any(t.name.endswith("ffn_gate_up_exps.weight") for t in self.tensors)
-        expected = expected_shapes(self.cfg, expert_layout="gguf_fused" if fused else "gguf")
+        split_kv_b = any(t.name.endswith("attn_k_b.weight") for t in self.tensors)  # llama.cpp's converter since its MLA change
+        expected = expected_shapes(self.cfg, expert_layout="gguf_fused" if fused else "gguf", split_kv_b=split_kv_b)
         to_gguf = gguf_names(self.arch, self.cfg.num_hidden_layers, expected)
         found = {}
         self.entries: dict[str, TensorEntry] = {}

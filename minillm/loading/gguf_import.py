@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import GGUFError
 from .gguf_file import GGUFModel, write_text_files
 from .safetensors_io import write_safetensors
-from .tensor_names import expert_matrix, moe_prefix
+from .tensor_names import expert_matrix, fused_kv_b, moe_prefix
 
 TMP_PREFIX = ".importing-"
 
@@ -50,6 +50,9 @@ def import_gguf(gguf_path: str | Path, dest: str | Path, progress: bool = True) 
         bar.close()
         if model.cfg.spec.stacked_experts_on_hub:
             model.cfg.spec.hub_experts(model.cfg, tensors)
+        for k_b in [name for name in tensors if name.endswith("self_attn.k_b_proj.weight")]:  # latent attention, as on the Hub
+            v_b = k_b.replace("k_b_proj", "v_b_proj")
+            tensors[k_b.replace("k_b_proj", "kv_b_proj")] = fused_kv_b(tensors.pop(k_b), tensors.pop(v_b))
         write_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
         del tensors
         write_text_files(tmp, files)

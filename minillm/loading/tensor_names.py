@@ -46,11 +46,12 @@ def expert_matrix(cfg: ModelConfig, layer: int, expert: int, kind: str) -> str:
 EXPERT_LAYOUTS = ("per_expert", "stacked", "gguf", "gguf_fused", "mxfp4")
 
 
-def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert", split_kv_b: bool = False) -> dict[str, tuple[int, ...]]:
     """Every tensor the config implies, by HF name; a mixture of experts' matrices in one of
     EXPERT_LAYOUTS: per expert, stacked as transformers 5 holds them (STACKED_GATE_UP,
     STACKED_DOWN), or stacked as llama.cpp's converter writes them, named so that gguf-py's
-    tables map them (`mlp.experts.gate_proj.weight` .., or gate_up fused)."""
+    tables map them (`mlp.experts.gate_proj.weight` .., or gate_up fused); latent attention's
+    kv_b_proj as one, or with split_kv_b as the converter splits it (latent_shapes)."""
     assert expert_layout in EXPERT_LAYOUTS, expert_layout
     H, I, V, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
@@ -66,7 +67,7 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
             shapes[p + "self_attn.k_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.kv_dim,)
         if cfg.latent:
             attn = {}
-            shapes.update({p + f"self_attn.{name}.weight": shape for name, shape in latent_shapes(cfg).items()})
+            shapes.update({p + f"self_attn.{name}.weight": shape for name, shape in latent_shapes(cfg, split_kv_b).items()})
         elif cfg.fused_qkv:
             attn = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, H), "o": (H, cfg.q_dim)}
         else:
@@ -92,13 +93,22 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert") -> dict
     return shapes
 
 
-def latent_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Latent attention's weights under self_attn. (DeepseekV3Attention's), without ".weight"."""
-    H, heads, own = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim - cfg.rope_dim
+def latent_shapes(cfg: ModelConfig, split_kv_b: bool = False) -> dict[str, tuple[int, ...]]:
+    """Latent attention's weights under self_attn. (DeepseekV3Attention's), without ".weight".
+    split_kv_b: kv_b_proj as llama.cpp's converter writes it, k_b_proj (heads, kv_lora_rank, own
+    part: each head's key rows transposed) and v_b_proj (heads, v_head_dim, kv_lora_rank)."""
+    H, heads, own, rank = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim - cfg.rope_dim, cfg.kv_lora_rank
     q = {"q_a_proj": (cfg.q_lora_rank, H), "q_a_layernorm": (cfg.q_lora_rank,), "q_b_proj": (cfg.q_dim, cfg.q_lora_rank)}
-    return {**(q if cfg.q_lora_rank else {"q_proj": (cfg.q_dim, H)}), "kv_a_proj_with_mqa": (cfg.kv_lora_rank + cfg.rope_dim, H),
-            "kv_a_layernorm": (cfg.kv_lora_rank,), "kv_b_proj": (heads * (own + cfg.value_dim), cfg.kv_lora_rank),
-            "o_proj": (H, heads * cfg.value_dim)}
+    kv_b = {"k_b_proj": (heads, rank, own), "v_b_proj": (heads, cfg.value_dim, rank)} if split_kv_b else {"kv_b_proj": (heads * (own + cfg.value_dim), rank)}
+    return {**(q if cfg.q_lora_rank else {"q_proj": (cfg.q_dim, H)}), "kv_a_proj_with_mqa": (rank + cfg.rope_dim, H),
+            "kv_a_layernorm": (rank,), **kv_b, "o_proj": (H, heads * cfg.value_dim)}
+
+
+def fused_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
+    """kv_b_proj (heads * (own + v_head_dim), kv_lora_rank) from the converter's split k_b_proj
+    and v_b_proj (latent_shapes)."""
+    rank = k_b.shape[1]
+    return np.ascontiguousarray(np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, rank))
 
 
 def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int, ...]]:
@@ -183,7 +193,7 @@ def rope_halves_order(cfg: ModelConfig, name: str, rows: int, pairs: bool | None
     return (np.arange(heads)[:, None] * hd + head[None, :]).reshape(-1)
 
 
-def latent_rows(cfg: ModelConfig, which: str) -> np.ndarray:
+def latent_rows(cfg: ModelConfig, which: str, split_kv_b: bool = False) -> np.ndarray:
     """Latent attention's matrices as the forward pass reads them: the stored rows of q_b_proj (or
     q_proj) for "q", of kv_b_proj for "k" and "v", of kv_a_proj_with_mqa for "kv_a", in order, -1
     for a row of zeros. A head of q or k is [own part | RoPE part] as stored; here the RoPE part
@@ -191,7 +201,8 @@ def latent_rows(cfg: ModelConfig, which: str) -> np.ndarray:
     split into their first and second members), so that every head's q and k are reordered alike
     and attention is unchanged. k's RoPE rows are zeros: the forward pass writes the shared key
     there, kv_a's last rows, which are given in those halves too. A value is v_head_dim wide,
-    zeros after it up to head_dim (the cache's rows are one width)."""
+    zeros after it up to head_dim (the cache's rows are one width). split_kv_b: "k" and "v" are
+    rows of the converter's k_b_proj (each head's transposed back) and v_b_proj (latent_shapes)."""
     hd, r, heads, v = cfg.head_dim, cfg.rope_dim, cfg.num_attention_heads, cfg.value_dim
     own = hd - r
     halves = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
@@ -201,14 +212,15 @@ def latent_rows(cfg: ModelConfig, which: str) -> np.ndarray:
     still = np.arange(r, hd)
     head = np.concatenate([halves[: r // 2], still[: own // 2], halves[r // 2 :], still[own // 2 :]])
     stride = own + v  # kv_b_proj's rows per head: the key's own part, then the value
+    k_stride, v_stride, v_start = (own, v, 0) if split_kv_b else (stride, stride, own)
     per_head = []
     for h in range(heads):
         if which == "q":  # stored [own | rope] -> [rope | own]
             virtual = np.concatenate([h * hd + own + np.arange(r), h * hd + np.arange(own)])
         elif which == "k":
-            virtual = np.concatenate([np.full(r, -1), h * stride + np.arange(own)])
+            virtual = np.concatenate([np.full(r, -1), h * k_stride + np.arange(own)])
         else:
-            per_head.append(np.concatenate([h * stride + own + np.arange(v), np.full(hd - v, -1)]))
+            per_head.append(np.concatenate([h * v_stride + v_start + np.arange(v), np.full(hd - v, -1)]))
             continue
         per_head.append(virtual[head])
     return np.concatenate(per_head)
