@@ -184,7 +184,10 @@ def attention(out, q, k_cache, v_cache, pos0, scores, window, scale, softcap, si
 @njit(cache=True, _nrt=False)
 def first_key(position, window):
     """The first cache position a query at `position` attends to: 0, or with a sliding window
-    the oldest of its last `window` positions (transformers: key > query - window)."""
+    the oldest of its last `window` positions (transformers: key > query - window); a negative
+    window is chunked attention (Llama 4): the first position of its chunk of -window."""
     if window > 0:
         return max(0, position - window + 1)
+    if window < 0:
+        return position // -window * -window
     return 0

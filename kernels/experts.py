@@ -12,7 +12,7 @@ from numba import njit
 
 from .forward_types import (
     EXPERT_LINEAR, EXPERT_LORA, FROM_GATE, FROM_XE, FROM_XN, GATE, GATE_ROWS, JOB_GATE, JOB_UP, JOB_XE, MATRIX_KINDS, MLP_PART, ONE,
-    P_COUNT, P_LORA, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_ROWS, SIGMOID_ROUTER, TO_ROUTER, TOPK_SOFTMAX_ROUTER, ALWAYS,
+    P_COUNT, P_LORA, P_ROWS, P_WHICH, P_WIDTH, PARALLEL_ROWS, SIGMOID_ROUTER, TO_ROUTER, TOPK_SIGMOID_INPUT_ROUTER, TOPK_SOFTMAX_ROUTER, ALWAYS,
 )
 from .jit import EXACT_MATH, rows_view
 from .step_calls import prepare_and_claim, row_step, run_linear, run_mlp, run_step
@@ -35,6 +35,12 @@ def moe_layer(l, T, w, ws, adapters, state):
                 ws.route[t, e] += w.router_bias[l, e]
     _route(ws.route[:T], E, ws.chosen[:T], ws.chosen_weight[:T], w, w.selection_bias[l])  # (0,) without one
     n, R = _gather(ws, T, E, r, adapters)
+    scaled_inputs = w.router_kind == TOPK_SIGMOID_INPUT_ROUTER
+    if scaled_inputs:  # Llama 4: each gathered row times its weight, the experts' outputs then summed as they are
+        for t in range(T):
+            for j in range(k):
+                for c in range(ws.xe.shape[1]):
+                    ws.xe[ws.place[t, j], c] *= ws.chosen_weight[t, j]
     width = w.matrices[r + 1, 1]
     ws.params[P_ROWS], ws.params[P_WIDTH] = R, width
     _expert_linear(FROM_XE, n, w, ws, state)
@@ -52,7 +58,7 @@ def moe_layer(l, T, w, ws, adapters, state):
         for c in range(moe.shape[1]):
             moe[t, c] = 0
         for j in range(k):  # ascending expert order (_route)
-            weight, src = ws.chosen_weight[t, j], ws.place[t, j]
+            weight, src = np.float32(1) if scaled_inputs else ws.chosen_weight[t, j], ws.place[t, j]
             for c in range(moe.shape[1]):
                 moe[t, c] += ws.xe[src, c] * weight
     proj = ws.proj[:T]
@@ -122,6 +128,12 @@ def _route(route, E, chosen, chosen_weight, w, selection):
                 total += chosen_weight[t, j]
             for j in range(k):
                 chosen_weight[t, j] /= total
+            _ascending(chosen[t], chosen_weight[t])
+            continue
+        if w.router_kind == TOPK_SIGMOID_INPUT_ROUTER:  # the top k logits' sigmoids (moe_layer scales the inputs by them)
+            _top_k(p, chosen[t], chosen_weight[t], E)
+            for j in range(k):
+                chosen_weight[t, j] = np.float32(1) / (np.float32(1) + np.exp(-chosen_weight[t, j]))
             _ascending(chosen[t], chosen_weight[t])
             continue
         if w.router_kind == SIGMOID_ROUTER:

@@ -26,7 +26,7 @@ from .attention import QUERIES_PER_TASK, attend, attention, kv_write
 from .formats import BY_CODE, BY_GGML_TYPE, BY_NAME, DTYPE_CHOICES, FORMATS, KV_DTYPE_CHOICES, KV_FORMATS, LOAD_DTYPES, KVFormat, Operand, WeightFormat, with_activations
 from .forward_types import PARAMS as forward_params
 from .forward_types import STATE_TYPE as forward_state_type
-from .forward_types import SIGMOID_ROUTER, SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER, ModelWeights, Rows, Workspace
+from .forward_types import SIGMOID_ROUTER, SOFTMAX_ROUTER, TOPK_SIGMOID_INPUT_ROUTER, TOPK_SOFTMAX_ROUTER, ModelWeights, Rows, Workspace
 from .grouped_layouts import GROUP as ROW_GROUP
 from .grouped_layouts import group_rows
 from .logit_mask import mask_logits
@@ -40,7 +40,7 @@ from .vector_ir import QBLOCK
 
 __all__ = [
     "forward_state_type", "forward_params", "QUERIES_PER_TASK", "attend", "attention", "kv_write", "BY_CODE", "BY_GGML_TYPE", "BY_NAME", "DTYPE_CHOICES", "FORMATS", "KV_DTYPE_CHOICES", "KV_FORMATS", "KVFormat", "LOAD_DTYPES", "Operand", "with_activations",
-    "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "SOFTMAX_ROUTER", "TOPK_SOFTMAX_ROUTER", "SIGMOID_ROUTER",
+    "WeightFormat", "kernels_for", "prepare_for", "ModelWeights", "Rows", "Workspace", "SOFTMAX_ROUTER", "TOPK_SOFTMAX_ROUTER", "SIGMOID_ROUTER", "TOPK_SIGMOID_INPUT_ROUTER",
     "ROW_GROUP", "SPLIT_PER_BLOCK", "group_rows", "mask_logits", "add_bias", "dequantize", "matmul", "INT8_MAX_WEIGHT", "Q4_0_BYTES", "Q8_0_BYTES",
     "quantize_activations", "quantize_int8", "quantize_q4_0", "quantize_q8_0", "split_q8_0", "to_bf16", "rmsnorm", "rmsnorm_row", "layernorm_row",
     "rope", "rope_row", "rope_tables", "gated", "SILU", "GELU_TANH", "CLAMPED_SWIGLU", "XIELU", "softcap_row", "swiglu", "top_k", "QBLOCK",

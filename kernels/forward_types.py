@@ -42,6 +42,8 @@ ONE, TWO, THREE = _n(1), _n(2), _n(3)  # matrices read from one input
 # a mixture of experts' router (ModelWeights.router_kind): a softmax over all experts, then the top k;
 # the top k logits under their own softmax (gpt-oss); or each expert's sigmoid, then the top k (GLM-4.5)
 SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER, SIGMOID_ROUTER = 0, 1, 2
+# Llama 4: the top k logits, each one's sigmoid scaling its expert's input (not its output)
+TOPK_SIGMOID_INPUT_ROUTER = 3
 ALWAYS = np.bool_(True)
 
 # The steps (kernels.steps.STEPS, in this order), each a compiled kernel called by address; then
@@ -104,7 +106,7 @@ class ModelWeights(NamedTuple):
     experts: int  # E, experts per sparse layer (0: a dense model)
     experts_per_token: int  # the router's top k
     norm_topk: bool  # the top k weights renormalised to sum to 1
-    router_kind: int  # kernels.experts: SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER (gpt-oss) or SIGMOID_ROUTER (GLM-4.5)
+    router_kind: int  # kernels.experts: SOFTMAX_ROUTER, TOPK_SOFTMAX_ROUTER (gpt-oss), SIGMOID_ROUTER (GLM-4.5), TOPK_SIGMOID_INPUT_ROUTER (Llama 4)
     router_bias: np.ndarray  # (L, E) added to the router's logits, or (L, 0)
     selection_bias: np.ndarray  # (L, E) added to the scores for choosing experts only (e_score_correction_bias), or (L, 0)
     router_groups: int  # the experts in this many groups, of which a row chooses among the best router_group_topk
@@ -128,6 +130,9 @@ class ModelWeights(NamedTuple):
     kv_latent_norm: np.ndarray  # (L, kv_lora_rank) or (L, 0)
     value_dim: int  # a head's value width in att (the rest of its head_dim is zeros); head_dim but under latent attention
     latent_eps: float  # the latents' RMSNorm epsilon
+    qk_norm_rope_only: bool  # the q/k norms on RoPE layers only (Llama 4)
+    temperature_floor: float  # Llama 4: queries of layers without RoPE times log1p(floor((pos + 1) / floor)) * scale + 1; 0: none
+    temperature_scale: float
     # LoRA adapters (kernels.lora), (0, 0) without any: a row's adapter a adds the updates of
     # lora_map[a, m] (a chain through lora_entries) to matrix m's output
     lora_map: np.ndarray  # (adapters, M) int64: the first update of adapter a on matrix m, or -1
@@ -179,7 +184,7 @@ MODEL_WEIGHTS_TYPE = types.NamedTuple(
     [_I2, _I2, _I1, _I1, _I1, _I1, _I1,
      *[_F2] * 6, _F1, *[_F2] * 4, _I1, _I1, types.int64, *[types.float32] * 5, types.int64, _F2,
      _I1, types.int64, types.int64, types.boolean, types.int64, _F2, _F2, types.int64, types.int64, types.int64, types.float32, types.float32, _F3, _F3, _F2, *[types.float32] * 4, types.boolean, types.boolean,
-     _I1, _F2, _F2, types.int64, types.float32,
+     _I1, _F2, _F2, types.int64, types.float32, types.boolean, types.float32, types.float32,
      _I2, _I2, _F1, types.Array(types.uint8, 1, "C")], ModelWeights)
 WORKSPACE_TYPE = types.NamedTuple([*[_F2] * 7, types.Array(types.uint16, 2, "C"), _F2, _F2, _F2, _I2, _I1, _I2,
                                    _F2, _F2, _F2, _I2, _F2, _I2, _I2, _I1, _F2, _F2, _F2], Workspace)

@@ -3,6 +3,7 @@ q/k/v's biases, norms, RoPE and KV writes, the residual add, the MLP's gate; and
 dealt from the rows of a step.
 """
 
+import numpy as np
 from numba import njit
 
 from .attention import QUERIES_PER_TASK
@@ -73,10 +74,13 @@ def norm_span(r0, r1, out, x, norm, l, eps, centered):
 
 
 @njit(fastmath=EXACT_MATH, cache=True, _nrt=False)
-def qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd):
-    """Each row's q | k | v: + bias, q/k norm (per head or over the projection), RoPE at its
-    position (table -1: none); then its key and value into its slot of layer l's cache, in the
-    pools' KV format."""
+def qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positions, slots, k_pool, v_pool, q_dim, hd, w):
+    """Each row's q | k | v: + bias, q/k norm (per head or over the projection; with
+    w.qk_norm_rope_only on RoPE layers only), RoPE at its position (table -1: none), Llama 4's
+    temperature on the queries of layers without RoPE (w.temperature_floor > 0); then its key and
+    value into its slot of layer l's cache, in the pools' KV format."""
+    normed = not w.qk_norm_rope_only or table >= 0
+    tuned = w.temperature_floor > 0 and table < 0
     nkv = k_pool.shape[2]
     kv_dim = nkv * hd
     for t in range(r0, r1):
@@ -86,12 +90,17 @@ def qkv_span(r0, r1, qkv, bias, q_norm, k_norm, l, eps, table, cos, sin, positio
         q = qkv[t, :q_dim]
         k = qkv[t, q_dim : q_dim + kv_dim]
         v = qkv[t, q_dim + kv_dim :]
-        _norm_groups(q, q_norm, l, eps)
-        _norm_groups(k, k_norm, l, eps)
+        if normed:  # (Llama 4's norm follows RoPE: a norm without weights over a head commutes with it)
+            _norm_groups(q, q_norm, l, eps)
+            _norm_groups(k, k_norm, l, eps)
         pos = positions[t]
         if table >= 0:
             rope_row(q, cos[table], sin[table], pos, hd)
             rope_row(k, cos[table], sin[table], pos, hd)
+        if tuned:  # transformers' float32 log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1
+            scale = np.float32(np.log1p(np.floor((np.float32(pos) + np.float32(1)) / w.temperature_floor))) * w.temperature_scale + np.float32(1)
+            for i in range(q_dim):
+                q[i] *= scale
         for h in range(nkv):
             kv_store(k_pool[slots[t], l, h, pos], k[h * hd : (h + 1) * hd])
             kv_store(v_pool[slots[t], l, h, pos], v[h * hd : (h + 1) * hd])

@@ -259,7 +259,7 @@ def _qkv_share(t, threads, rows, w, ws, k_pool, v_pool, cos, sin):
     """qkv_step with the pools as their KV format's rows."""
     l, T = ws.params[P_LAYER], ws.params[P_ROWS]
     qkv_span(T * t // threads, T * (t + 1) // threads, ws.qkv, w.qkv_bias, w.q_norm, w.k_norm, l, w.eps, w.rope_table[l], cos, sin,
-              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], ws.att.shape[1] // w.heads)
+              rows.positions, rows.slots, k_pool, v_pool, ws.att.shape[1], ws.att.shape[1] // w.heads, w)
 
 
 def residual_step(t, threads, state):

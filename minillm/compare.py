@@ -161,7 +161,10 @@ def router_metrics(ours: np.ndarray, chosen, sparse_layers: list[int]) -> list[d
     out = []
     for layer, theirs in zip(sparse_layers, chosen):
         k = ours.shape[2]
-        theirs = np.sort(np.asarray(theirs).reshape(-1, k), axis=-1)
+        theirs = np.asarray(theirs)
+        if np.issubdtype(theirs.dtype, np.floating):  # a router that returns its logits last (Llama 4's): it takes their top k
+            theirs = np.argsort(-theirs.reshape(-1, theirs.shape[-1]), axis=-1, kind="stable")[:, :k]
+        theirs = np.sort(theirs.reshape(-1, k), axis=-1)
         mine = ours[layer]
         same = (mine == theirs).all(-1)
         common = np.mean([len(set(a) & set(b)) / k for a, b in zip(mine.tolist(), theirs.tolist())])
@@ -173,7 +176,8 @@ def hf_hidden_states(oracle, tokens: Sequence[int]):
     """transformers' logits and hidden states at the same stages as Model.forward(hidden=...),
     and the experts each router chose (a list of (T, k) indices, one per sparse layer; else []):
     its routers return (logits, weights, indices), and the indices are what it chose, whatever
-    scores, biases or groups it chose them by."""
+    scores, biases or groups it chose them by (Llama 4's returns its logits last: router_metrics
+    takes their top k)."""
     torch = _torch()
     inner = (oracle.get_base_model() if hasattr(oracle, "peft_config") else oracle).model  # peft's wraps transformers'
     captured: dict = {}

@@ -56,6 +56,7 @@ def make_checkpoint(path, arch: str = "llama", dtype=torch.float32, max_shard_si
         "apertus": (tf.ApertusConfig, tf.ApertusForCausalLM),
         "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
         "deepseek_v2": (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM),
+        "llama4": (tf.Llama4TextConfig, tf.Llama4ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**base)).eval()

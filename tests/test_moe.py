@@ -70,6 +70,14 @@ CASES = {
     "deepseek_v2-lite": dict(arch="deepseek_v2", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
                              num_experts_per_tok=2, moe_intermediate_size=32, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=12,
                              qk_rope_head_dim=8, v_head_dim=12, n_shared_experts=1),
+    # Llama 4: RoPE layers with chunked attention (chunks of 8 over 40 tokens) and a q/k norm without weights, layers without
+    # RoPE whose queries take the temperature (floor 4: it grows within 40 tokens), dense and sparse layers by turns (the dense
+    # ones wider), the top logit's sigmoid scaling its expert's input, a shared expert
+    "llama4": dict(arch="llama4", num_hidden_layers=4, head_dim=8, num_local_experts=4, num_experts_per_tok=1, intermediate_size=32,
+                   intermediate_size_mlp=80, interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=8, floor_scale=4),
+    # the top 2, every layer sparse, no q/k norm, no temperature tuning
+    "llama4-top2": dict(arch="llama4", num_hidden_layers=3, head_dim=8, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                        no_rope_layer_interval=3, attention_chunk_size=16, use_qk_norm=False, attn_temperature_tuning=False),
     # Granite MoE: the top k logits' own softmax, experts stacked as input_linear/output_linear, Granite's multipliers
     "granitemoe": dict(arch="granitemoe", num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0, attention_multiplier=0.2,
                        residual_multiplier=0.5, logits_scaling=1.5),
@@ -101,7 +109,7 @@ def test_the_router_really_chooses(checkpoint):
     """The checkpoints' routers are far from ties, and each sparse layer uses several experts."""
     name, path, oracle = checkpoint
     cfg = ModelConfig.from_file(path / "config.json")
-    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe", "glm4_moe-groups", "deepseek_v2-lite")))
+    assert any(cfg.sparse_layers) and (not all(cfg.sparse_layers) or name.startswith(("mixtral", "olmoe", "gpt_oss", "granitemoe", "glm4_moe-groups", "deepseek_v2-lite", "llama4-top2")))
     chosen = set()
     with torch.no_grad():
         out = oracle(torch.tensor([list(TOKENS)]), output_router_logits=True)

@@ -16,6 +16,7 @@ from .glm import Glm4, Glm4Moe
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .llama import Llama, Mistral
+from .llama4 import Llama4
 from .ministral import Ministral
 from .mixtral import Mixtral
 from .olmo import Olmo2, Olmo3, Olmoe
@@ -29,7 +30,7 @@ SPECS: tuple[Architecture, ...] = (
     Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), SmolLM3(), Phi3(), Gemma2(), Gemma3(),
     Mixtral(), Qwen2Moe(), Qwen3Moe(), Olmoe(), GptOss(),
     Granite(), Olmo3(), Exaone4(), SeedOss(), Ernie45(), Glm4(), GraniteMoe(), Cohere2(), Ministral(),
-    Ernie45Moe(), Glm4Moe(), Apertus(), DeepseekV3(), DeepseekV2(),
+    Ernie45Moe(), Glm4Moe(), Apertus(), DeepseekV3(), DeepseekV2(), Llama4(),
 )
 BY_HF_NAME = {name: spec for spec in SPECS for name in spec.hf_names}
 SUPPORTED = tuple(BY_HF_NAME)

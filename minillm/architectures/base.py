@@ -12,7 +12,7 @@ import math
 
 from ..errors import ConfigError, GGUFError
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # chunked: Llama 4's (its spec reads them)
 
 # The HF tensor name of each norm of a layer, by norm placement (None: no such norm).
 NORM_NAMES = {
@@ -182,6 +182,9 @@ class Architecture:
     shared_expert_gate = True  # the shared expert is scaled by the sigmoid of its own gate (Qwen2-MoE's shared_expert_gate)
     selection_bias_tensor: str | None = None  # under the MoE prefix: the bias the router chooses by (e_score_correction_bias)
     expert_width_field = "intermediate_size"  # each expert's MLP width
+    chunked_attention = False  # layer_types may say "chunked_attention" (the spec's variant reads them)
+    dense_width_field = "intermediate_size"  # a dense layer's MLP width (Llama 4: intermediate_size_mlp)
+    transposed_experts = False  # stacked experts stored (E, K, N), gate_up's gate and up side by side or interleaved (gpt-oss, Llama 4)
     router_tensor = "gate.weight"  # under the layer's MoE prefix
     expert_tensors = ("gate_proj", "up_proj", "down_proj")  # per expert: gate, up, down
     per_expert_block = "mlp."  # the MoE prefix of per-expert checkpoints (stacked ones: "mlp.")

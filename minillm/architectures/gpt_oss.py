@@ -16,6 +16,7 @@ class GptOss(Architecture):
     default_window = 128  # GptOssConfig's
     router_tensor = "router.weight"
     stacked_experts_on_hub = True
+    transposed_experts = True
     docs = ("before, `x * w`", "-", "experts: a router with a bias, the top k logits weighted by their own softmax; experts with "
             "biases and gpt-oss's clamped SwiGLU (`swiglu_alpha`, `swiglu_limit`); q/k/v/o biases",
             "sliding and full layers by turns (`layer_types`), attention sinks", "as Llama (YaRN as it ships, `truncate: false`)")

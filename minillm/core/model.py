@@ -216,7 +216,7 @@ class Model:
         self.ctx = cfg.context_size(ctx)
         self.cos, self.sin, self.rope_table = rope_tables(cfg, self.ctx)
         self.windows = np.array([cfg.layer_window(i) for i in range(cfg.num_hidden_layers)], np.int64)
-        self.sliding_layers = np.flatnonzero(self.windows)  # their old positions are never read again
+        self.sliding_layers = np.flatnonzero(self.windows > 0)  # their old positions are never read again (chunked layers' are kept)
         self.widest_window = cfg.widest_window
         self._lock = KERNEL_LOCK
         self._kernel_weights = kernel_weights(cfg, weights, self.rope_table, self.windows, activations)
@@ -493,10 +493,16 @@ def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows
         latent=latent,
         q_latent_norm=stacked_norm("q_a_norm"),
         kv_latent_norm=stacked_norm("kv_a_norm"),
-        value_dim=cfg.value_dim,
-        latent_eps=f(cfg.latent_norm_eps),
+        **_attention_knobs(cfg),
         **lora_tables(cfg, (), None),
     )
+
+
+def _attention_knobs(cfg: ModelConfig) -> dict:
+    """ModelWeights' scalar knobs of latent attention (DeepSeek) and of Llama 4's attention."""
+    f = np.float32
+    return dict(value_dim=cfg.value_dim, latent_eps=f(cfg.latent_norm_eps), qk_norm_rope_only=cfg.qk_norm_rope_only,
+                temperature_floor=f(cfg.attn_temperature_floor), temperature_scale=f(cfg.attn_temperature_scale))
 
 
 def _latent_matrices(layers, linears: list, none: Linear) -> np.ndarray:
@@ -577,7 +583,8 @@ LORA_KINDS = {"<f4": LORA_F32, "<f2": LORA_F16, "<u2": LORA_BF16}
 
 
 # ModelConfig.router -> kernels.experts' router kinds
-ROUTER_KINDS = {"softmax": K.SOFTMAX_ROUTER, "topk_softmax": K.TOPK_SOFTMAX_ROUTER, "sigmoid": K.SIGMOID_ROUTER}
+ROUTER_KINDS = {"softmax": K.SOFTMAX_ROUTER, "topk_softmax": K.TOPK_SOFTMAX_ROUTER, "sigmoid": K.SIGMOID_ROUTER,
+                "topk_sigmoid_input": K.TOPK_SIGMOID_INPUT_ROUTER}
 
 # config.json's hidden_act -> kernels.swiglu's gated activation
 ACTIVATIONS = {"silu": K.SILU, "gelu_pytorch_tanh": K.GELU_TANH, "clamped_swiglu": K.CLAMPED_SWIGLU, "xielu": K.XIELU}

@@ -455,7 +455,7 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
         layers.append(
             LayerWeights(
                 q=q, k=k, v=v, o=linear(p + "self_attn.o_proj"),
-                q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"), **norms, **mlp,
+                **_qk_norms(cfg, p, norm), **norms, **mlp,
                 sinks=vector(p + "self_attn.sinks") if cfg.attention_sinks else None,
                 activation_params=cfg.spec.layer_activation(vector, p), **latent,
             )
@@ -463,6 +463,13 @@ def assemble(cfg: ModelConfig, dtype: str, shapes: dict, matrix, vector, stacked
     embed = linear("model.embed_tokens")
     lm_head = embed if cfg.tie_word_embeddings else linear("lm_head")
     return Weights(dtype, embed, layers, norm("model.norm"), lm_head)
+
+
+def _qk_norms(cfg: ModelConfig, p: str, norm) -> dict:
+    """A layer's q_norm and k_norm: the stored ones, or ones for a norm without weights (Llama 4's)."""
+    if cfg.qk_norm == "weightless":
+        return dict(q_norm=np.ones(cfg.head_dim, np.float32), k_norm=np.ones(cfg.head_dim, np.float32))
+    return dict(q_norm=norm(p + "self_attn.q_norm"), k_norm=norm(p + "self_attn.k_norm"))
 
 
 def _latent_attention(cfg: ModelConfig, p: str, shapes: dict, matrix, norm) -> dict:
@@ -502,6 +509,10 @@ def _experts(cfg: ModelConfig, i: int, shapes: dict, linear, vector, stacked, tr
         experts = list(zip(gates, ups, downs))
         for e, (gate, up, down) in enumerate(experts):
             gate.b, up.b, down.b = gate_up_bias[e, 0::2].copy(), gate_up_bias[e, 1::2].copy(), down_bias[e]
+    elif fused == "" and cfg.spec.transposed_experts:  # Llama 4: transposed, gate's columns then up's
+        gates, ups = transposed(moe + STACKED_GATE_UP, (slice(0, I), slice(I, 2 * I)))
+        (downs,) = transposed(moe + STACKED_DOWN, (slice(None),))
+        experts = list(zip(gates, ups, downs))
     elif fused is not None:
         pairs = zip(stacked(moe + STACKED_GATE_UP + fused), stacked(moe + STACKED_DOWN + fused))
         experts = [(*split_rows(gate_up, I, I), down) for gate_up, down in pairs]

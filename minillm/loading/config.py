@@ -67,7 +67,7 @@ class ModelConfig:
     hidden_act: str = "silu"  # or "gelu_pytorch_tanh" (Gemma 3), "clamped_swiglu" (gpt-oss), "xielu" (Apertus)
     gated_mlp: bool = True  # down(act(gate(x)) * up(x)); else down(act(up(x))) (Apertus)
     norm_offset: bool = False  # Gemma: norms scale by (1 + w)
-    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", or over the whole "projection"
+    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: per "head", over the whole "projection", or per head without weights ("weightless")
     fused_qkv: bool = False  # q, k and v as one qkv_proj (Phi-3)
     fused_gate_up: bool = False  # gate and up as one gate_up_proj (Phi-3, GLM-4)
     rotary_dim: int = 0  # the dimensions of each head RoPE turns (partial_rotary_factor); 0: all of head_dim
@@ -81,7 +81,8 @@ class ModelConfig:
     norm_topk_prob: bool = False  # the top k weights renormalised to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert; 0: none
     sparse_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is the experts; () none
-    router: str = "softmax"  # "softmax" over all experts, then the top k; "topk_softmax" (gpt-oss); or "sigmoid" of each (GLM-4.5)
+    router: str = "softmax"  # "softmax" over all experts, then the top k; "topk_softmax" (gpt-oss); "sigmoid" of each (GLM-4.5);
+    #   or "topk_sigmoid_input": the top k logits' sigmoids scaling the experts' inputs (Llama 4)
     selection_bias: bool = False  # a per-expert bias added to the scores for choosing only (e_score_correction_bias)
     router_groups: int = 1  # experts in this many groups; a row chooses among the router_group_topk best groups
     router_group_topk: int = 1  #   (a group scored by the sum of its router_group_best best scores:
@@ -105,6 +106,14 @@ class ModelConfig:
     q_lora_rank: int = 0
     value_head_dim: int = 0  # 0: head_dim
     latent_norm_eps: float = 1e-6  # the latents' RMSNorm epsilon (DeepseekV3RMSNorm's default: config.json's is not passed)
+    # Llama 4: chunked attention on chunked_layers (a query sees its own chunk of attention_chunk
+    # positions), a q/k norm (qk_norm "weightless") on RoPE layers only, and on the other layers
+    # queries times log1p(floor((pos + 1) / attn_temperature_floor)) * attn_temperature_scale + 1
+    attention_chunk: int = 0
+    chunked_layers: tuple[bool, ...] = ()
+    qk_norm_rope_only: bool = False
+    attn_temperature_floor: float = 0.0  # 0: none
+    attn_temperature_scale: float = 0.0
 
     @property
     def spec(self) -> Architecture:
@@ -148,7 +157,10 @@ class ModelConfig:
         return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
 
     def layer_window(self, i: int) -> int:
-        """Keys layer i attends to before each query's own position, plus one: 0 for all of them."""
+        """Keys layer i attends to before each query's own position, plus one: 0 for all of them;
+        minus the chunk on a chunked layer (kernels.attention.first_key)."""
+        if self.chunked_layers and self.chunked_layers[i]:
+            return -self.attention_chunk
         sliding = self.layer_types and self.layer_types[i] == "sliding_attention"
         return self.sliding_window if sliding else 0
 
@@ -165,13 +177,13 @@ class ModelConfig:
     @property
     def widest_window(self) -> int:
         """The longest window of any sliding layer (0: no layer slides)."""
-        return max((self.layer_window(i) for i in range(self.num_hidden_layers)), default=0)
+        return max((max(self.layer_window(i), 0) for i in range(self.num_hidden_layers)), default=0)
 
     def layer_rope(self, i: int) -> tuple[float, RopeScaling] | None:
         """Layer i's RoPE base and scaling; None for a layer without RoPE."""
         if self.rope_layers and not self.rope_layers[i]:
             return None
-        if self.local_rope is not None and self.layer_window(i):
+        if self.local_rope is not None and self.layer_window(i) > 0:
             return self.local_rope
         return self.rope_theta, self.rope_scaling
 
@@ -241,7 +253,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=fields.positive_int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=fields.positive_int("intermediate_size"),
+            intermediate_size=fields.positive_int(spec.dense_width_field),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
@@ -453,6 +465,8 @@ def _layer_kinds(fields: Fields, spec: Architecture, layers: int) -> tuple[int |
         types = spec.layer_types(fields, layers, rope_layers)
     if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
         raise ConfigError(f"{source}: field 'layer_types' must list one of {', '.join(LAYER_TYPES)} for each of the {layers} layers")
+    if "chunked_attention" in types and not spec.chunked_attention:
+        raise ConfigError(f"{source}: field 'layer_types' has chunked_attention, which {spec.hf_names[0]} does not have")
     if window is None:  # transformers: a sliding layer without a window attends to everything
         return None, (), rope_layers
     return window, tuple(types), rope_layers

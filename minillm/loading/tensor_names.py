@@ -62,7 +62,7 @@ def expected_shapes(cfg: ModelConfig, expert_layout: str = "per_expert", split_k
         for name in cfg.spec.norm_names.values():
             if name is not None:
                 shapes[p + name + ".weight"] = (H,)
-        if cfg.qk_norm is not None:
+        if cfg.qk_norm in ("head", "projection"):  # ("weightless": none stored)
             shapes[p + "self_attn.q_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.q_dim,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,) if cfg.qk_norm == "head" else (cfg.kv_dim,)
         if cfg.latent:
@@ -117,9 +117,10 @@ def _expert_shapes(cfg: ModelConfig, i: int, layout: str) -> dict[str, tuple[int
     shapes: dict[str, tuple[int, ...]] = {router_name(cfg, i, stacked=layout != "per_expert"): (E, H)}
     if cfg.router_bias:
         shapes[moe + "router.bias"] = (E,)
-    if layout == "stacked" and cfg.router_bias:  # gpt-oss: transposed, interleaved, with biases
-        shapes.update({moe + STACKED_GATE_UP: (E, H, 2 * I), moe + STACKED_GATE_UP + "_bias": (E, 2 * I),
-                       moe + STACKED_DOWN: (E, I, H), moe + STACKED_DOWN + "_bias": (E, H)})
+    if layout == "stacked" and cfg.spec.transposed_experts:  # gpt-oss (interleaved, with biases), Llama 4
+        shapes.update({moe + STACKED_GATE_UP: (E, H, 2 * I), moe + STACKED_DOWN: (E, I, H)})
+        if cfg.router_bias:
+            shapes.update({moe + STACKED_GATE_UP + "_bias": (E, 2 * I), moe + STACKED_DOWN + "_bias": (E, H)})
     elif layout == "mxfp4":
         for name, (N, K) in ((STACKED_GATE_UP, (2 * I, H)), (STACKED_DOWN, (H, I))):
             shapes.update({moe + name + "_blocks": (E, N, K // 32, 16), moe + name + "_scales": (E, N, K // 32),
