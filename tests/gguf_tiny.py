@@ -18,7 +18,7 @@ GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3For
              "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5", "Glm4ForCausalLM": "glm4",
              "GraniteMoeForCausalLM": "granitemoe", "Cohere2ForCausalLM": "cohere2", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
              "Glm4MoeForCausalLM": "glm4moe", "ApertusForCausalLM": "apertus", "DeepseekV3ForCausalLM": "deepseek2",
-             "DeepseekV2ForCausalLM": "deepseek2"}
+             "DeepseekV2ForCausalLM": "deepseek2", "Llama4ForCausalLM": "llama4"}
 PERMUTED_QK = ("llama", "granite", "granitemoe")  # the converter permutes Q and K for llama.cpp's RoPE on pairs
 SPM = ("gemma2", "gemma3", "phi3")  # written with a SentencePiece vocabulary, as their models ship
 
@@ -54,7 +54,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
     w.add_embedding_length(H)
     nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
     w.add_block_count(L + nextn)  # GLM-4.5's converter counts its multi-token prediction layers
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_feed_forward_length(cfg["intermediate_size_mlp"] if arch == "llama4" else cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(1 if arch == "deepseek2" else kv_heads)  # DeepSeek: latent attention as llama.cpp's MQA
     if arch == "cohere2":  # a LayerNorm: its epsilon and logit scale, the window and each layer's kind
@@ -91,6 +91,9 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
         w.add_nextn_predict_layers(nextn)
     if arch == "deepseek2":
         _deepseek_metadata(w, cfg, full, split_kv_b)
+    if arch == "llama4":  # as its converter: the experts' width is intermediate_size (llama.cpp fixes the rest)
+        w.add_interleave_moe_layer_step(cfg["interleave_moe_layer_step"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
     if arch == "gpt-oss":  # as its converter: the expert width, the window, YaRN
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
         w.add_sliding_window(cfg["sliding_window"])
@@ -144,14 +147,17 @@ def write_gguf(hf_dir: Path, path: Path, qtype=None, vocab: dict | None = None, 
             getattr(w, f"add_xielu_{name}")(values)
     if arch == "granitemoe":  # its converter splits input_linear into gate and up
         tensors = _granite_experts(tensors)
+    if arch == "llama4":  # its converter: gate_up (E, H, 2 I) transposed and split, down (E, I, H) transposed
+        tensors = _llama4_experts(tensors)
     if arch == "gpt-oss":
         tensors = _split_gpt_oss_experts(tensors)
-    elif arch != "granitemoe":  # (stacked already)
+    elif arch not in ("granitemoe", "llama4"):  # (stacked already)
         tensors = _stack_experts(tensors, experts or 0, fuse_gate_up_exps)
     elif fuse_gate_up_exps:
         for i in range(L):
-            gate, up = tensors.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), tensors.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
-            tensors[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
+            if f"model.layers.{i}.mlp.experts.gate_proj.weight" in tensors:  # (Llama 4's dense layers have none)
+                gate, up = tensors.pop(f"model.layers.{i}.mlp.experts.gate_proj.weight"), tensors.pop(f"model.layers.{i}.mlp.experts.up_proj.weight")
+                tensors[f"model.layers.{i}.mlp.experts.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
     if arch == "deepseek2" and split_kv_b:
         tensors = _split_kv_b(tensors, cfg)
     names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), L)
@@ -251,6 +257,22 @@ def _split_kv_b(tensors: dict, cfg: dict) -> dict:
             kv_b = t.reshape(heads, own + v, t.shape[-1])
             out[name.replace("kv_b_proj", "k_b_proj")] = np.ascontiguousarray(kv_b[:, :own].transpose(0, 2, 1))
             out[name.replace("kv_b_proj", "v_b_proj")] = np.ascontiguousarray(kv_b[:, own:])
+        else:
+            out[name] = t
+    return out
+
+
+def _llama4_experts(tensors: dict) -> dict:
+    """Llama 4's experts as its converter writes them, under `mlp.` (gguf-py maps it as `feed_forward.`)."""
+    out = {}
+    for name, t in tensors.items():
+        name = name.replace(".feed_forward.", ".mlp.")
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = np.split(t.transpose(0, 2, 1), 2, axis=1)
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = np.ascontiguousarray(gate)
+            out[name.replace("gate_up_proj", "up_proj.weight")] = np.ascontiguousarray(up)
+        elif name.endswith("experts.down_proj"):
+            out[name + ".weight"] = np.ascontiguousarray(t.transpose(0, 2, 1))
         else:
             out[name] = t
     return out

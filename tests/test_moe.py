@@ -316,6 +316,10 @@ GGUF_CASES = {
                         v_head_dim=32),
     "deepseek_v2": dict(CASES["deepseek_v2"], **dict(GGUF_SHAPE, num_key_value_heads=4), q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
                         v_head_dim=32),
+    # llama.cpp fixes Llama 4's chunks (8192), its fourth layer without RoPE and the temperature's 8192 and 0.1: these are
+    # transformers' defaults; dense and sparse layers by turns
+    "llama4": dict(arch="llama4", num_hidden_layers=4, head_dim=16, num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=96,
+                   interleave_moe_layer_step=2, **dict(GGUF_SHAPE, intermediate_size=32)),
 }
 
 

@@ -14,6 +14,7 @@ from .smollm3 import no_rope_layers
 
 class Llama4(Architecture):
     hf_names = ("Llama4ForCausalLM",)
+    gguf_name = "llama4"
     rope_theta = 500_000.0  # Llama4TextConfig's
     interleaved_rope = True
     mixture_of_experts = True
@@ -61,3 +62,20 @@ class Llama4(Architecture):
             raise ConfigError(f"{fields.source}: field 'moe_layers' must list layers below {layers}")
         return dict(sparse_layers=tuple(i in moe_layers for i in range(layers)), router="topk_sigmoid_input",
                     shared_expert_intermediate_size=fields.positive_int("intermediate_size"))
+
+    def gguf_experts(self, meta, p: str, experts: int) -> dict:
+        return {"num_local_experts": experts, "num_experts_per_tok": meta.require(p + "expert_used_count", int),
+                "intermediate_size": meta.require(p + "expert_feed_forward_length", int),
+                "interleave_moe_layer_step": meta.typed(p + "interleave_moe_layer_step", int, 1)}
+
+    def gguf_config(self, meta, p: str, config: dict, rope: dict) -> None:
+        """What llama.cpp fixes for llama4 files rather than reading: chunks of 8192 on three layers
+        in four and the fourth without RoPE, the temperature's 8192 and 0.1, the q/k norm but with
+        128 experts; a sliding_window of 0 means full attention and RoPE on every layer."""
+        config["intermediate_size_mlp"] = meta.require(p + "feed_forward_length", int)
+        config["use_qk_norm"] = config["num_local_experts"] != 128
+        if meta.typed(p + "attention.sliding_window", int) == 0:
+            config.update(no_rope_layers=[1] * config["num_hidden_layers"], attention_chunk_size=None, attn_temperature_tuning=False)
+        else:
+            config.update(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1, attn_temperature_tuning=True)
+        super().gguf_config(meta, p, config, rope)
