@@ -48,9 +48,8 @@ import numpy as np
 from numba import njit
 
 from .forward_types import (
-    ALWAYS, ATTENTION, ATTENTION_PART, EXPERTS, FROM_ATT, FROM_KV_LATENT, FROM_Q_LATENT, FROM_VALUES, FROM_XN, GATE, K, MATRIX_KINDS, MLP_PART,
-    NORM, O, ONE, P_LAYER, P_LORA, P_ROWS, P_WIDTH, PARALLEL_ROWS, Q, QKV, RESIDUAL, THREE, TO_KV, TO_LATENT, TO_LOGITS, TO_PROJ, TO_QKV, TWO,
-    V, state_address,
+    ALWAYS, ATTENTION, ATTENTION_PART, EXPERTS, FROM_ATT, FROM_XN, GATE, K, LATENT, LATENT_OUT, LATENT_QKV, MATRIX_KINDS, MLP_PART, NORM, O,
+    ONE, P_LAYER, P_LORA, P_ROWS, PARALLEL_ROWS, Q, QKV, RESIDUAL, THREE, TO_LOGITS, TO_PROJ, TO_QKV, V, state_address,
 )
 from .jit import EXACT_MATH, array_at, kernel
 from .matmul import call_row
@@ -96,17 +95,16 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
         row_step(NORM, ATTENTION_PART, wide, w, ws, state)
         if w.latent[l] < 0:
             run_linear(FROM_XN, THREE, m + Q, m + K, m + V, TO_QKV, w, ws, state)
-        else:
-            _latent_qkv(l, T, w, ws, state)
+        else:  # latent attention (kernels.latent): a step of its own, compiled only for such a model
+            row_step(LATENT, LATENT_QKV, False, w, ws, state)
         row_step(QKV, ATTENTION_PART, wide, w, ws, state)
         start_claims(ws.claims[0:2], attention_tasks(ws.tasks, rows.positions, rows.slots, T, w.heads, k_pool.shape[2], ws.claims.shape[1]),
                      ws.claims.shape[1])
         run_step(ATTENTION, ALWAYS, w, ws, state)
         if w.latent[l] < 0:
             run_linear(FROM_ATT, ONE, m + O, m + O, m + O, TO_PROJ, w, ws, state)
-        else:  # o reads each head's value, v_head_dim of its head_dim
-            ws.params[P_WIDTH] = _pack_values(ws.att, T, w.heads, w.value_dim)
-            run_linear(FROM_VALUES, ONE, m + O, m + O, m + O, TO_PROJ, w, ws, state)
+        else:
+            row_step(LATENT, LATENT_OUT, False, w, ws, state)
         row_step(RESIDUAL, ATTENTION_PART, wide, w, ws, state)
         # x = h + out_norm(mlp(norm(h))); in a parallel block xn still holds norm(x) for the MLP
         if not w.parallel:
@@ -135,54 +133,6 @@ def forward(rows, w, ws, k_pool, v_pool, cos, sin):
     if w.final_softcap > 0:
         for g in range(G):
             softcap_row(rows.logits[g], w.final_softcap)
-
-
-@njit(cache=True, _nrt=False)
-def _latent_qkv(l, T, w, ws, state):
-    """Latent attention's q | k | v rows for layer l (minillm.architectures.deepseek): q_a and kv_a
-    over xn into the latents, each latent normed, then Q over the q latent (or over xn without
-    one), K and V over the kv latent, and the shared RoPE key (kv_a's last columns, in the RoPE
-    kernel's halves: tensor_names.latent_rows) written into every head's key, where K wrote zeros."""
-    a = w.latent[l]
-    m = MATRIX_KINDS * l
-    q_rank, kv_rank = w.q_latent_norm.shape[1], w.kv_latent_norm.shape[1]
-    if q_rank > 0:
-        run_linear(FROM_XN, TWO, a, a + 1, a + 1, TO_LATENT, w, ws, state)
-    else:
-        run_linear(FROM_XN, ONE, a + 1, a + 1, a + 1, TO_LATENT, w, ws, state)
-        run_linear(FROM_XN, ONE, m + Q, m + Q, m + Q, TO_QKV, w, ws, state)
-    for t in range(T):
-        if q_rank > 0:
-            norm_row(ws.q_latent[t], ws.latent[t, :q_rank], w.q_latent_norm[l], w.latent_eps, False)
-        norm_row(ws.kv_latent[t], ws.latent[t, q_rank : q_rank + kv_rank], w.kv_latent_norm[l], w.latent_eps, False)
-    if q_rank > 0:
-        run_linear(FROM_Q_LATENT, ONE, m + Q, m + Q, m + Q, TO_QKV, w, ws, state)
-    run_linear(FROM_KV_LATENT, TWO, m + K, m + V, m + V, TO_KV, w, ws, state)
-    q_dim = ws.att.shape[1]
-    hd = q_dim // w.heads
-    half = (ws.latent.shape[1] - q_rank - kv_rank) // 2
-    key = q_rank + kv_rank
-    for t in range(T):
-        for k0 in range(q_dim, q_dim + (ws.qkv.shape[1] - q_dim) // 2, hd):
-            for i in range(half):
-                ws.qkv[t, k0 + i] = ws.latent[t, key + i]
-                ws.qkv[t, k0 + hd // 2 + i] = ws.latent[t, key + half + i]
-
-
-@njit(cache=True, _nrt=False)
-def _pack_values(att, T, heads, value_dim):
-    """att's first T rows with each head's first value_dim columns packed together, in place, as
-    (T, heads * value_dim) rows from att's start (FROM_VALUES); returns that width. In order:
-    each value moves to an earlier place or its own."""
-    q_dim = att.shape[1]
-    hd = q_dim // heads
-    width = heads * value_dim
-    for t in range(T):
-        for h in range(heads):
-            for i in range(value_dim):
-                d = t * width + h * value_dim + i
-                att[d // q_dim, d % q_dim] = att[t, h * hd + i]
-    return width
 
 
 @njit(cache=True, _nrt=False)

@@ -48,8 +48,9 @@ ALWAYS = np.bool_(True)
 
 # The steps (kernels.steps.STEPS, in this order), each a compiled kernel called by address; then
 # the parallel region that runs one over the threads.
-LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR, LORA, EXPERT_LORA = (_n(i) for i in range(11))
-PARALLEL_REGION = 11
+LINEAR, ATTENTION, NORM, QKV, RESIDUAL, GATE_ROWS, PREPARE, EXPERTS, EXPERT_LINEAR, LORA, EXPERT_LORA, LATENT = (_n(i) for i in range(12))
+PARALLEL_REGION = 12
+LATENT_QKV, LATENT_OUT = _n(0), _n(1)  # the latent step's parts (P_WHICH): before attention, after it
 
 
 class Rows(NamedTuple):

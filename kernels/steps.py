@@ -16,6 +16,7 @@ from .forward_types import (
 )
 from .jit import EXACT_MATH, array_at, call_at, native_address, rows_view
 from .vector_ir import LANES
+from .latent import latent_step
 from .lora import LORA_A, LORA_B, LORA_BF16, LORA_COL, LORA_F16, LORA_KIND, LORA_NEXT, LORA_OUT, LORA_RANK, ROW_GROUP, lora_rows
 from .matmul import call_linear
 from .row_spans import gate_span, norm_span, qkv_span, residual_span
@@ -356,7 +357,7 @@ def parallel_region(step, threads, state):
 # (2-core AVX2 machine).
 
 STEPS = (linear_step, attention_step, norm_step, qkv_step, residual_step, gate_step, prepare_step, experts_step, expert_linear_step,
-         lora_step, expert_lora_step)
+         lora_step, expert_lora_step, latent_step)
 MOE_STEPS = (experts_step, expert_linear_step)  # compiled only for a mixture of experts
 assert len(STEPS) == PARALLEL_REGION  # in the order of forward_types' step numbers
 
@@ -439,14 +440,17 @@ def _compile_step(step):
     return _compiled[step][1]
 
 
-def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, activation: int = SILU, lora: bool = False) -> np.ndarray:
+def step_kernels(kv_format: str = "float32", experts: bool = False, sinks: bool = False, activation: int = SILU, lora: bool = False,
+                 latent: bool = False) -> np.ndarray:
     """The addresses of the steps' kernels for a KV format, then of the parallel region (compiled
     the first time on a machine, then loaded from Numba's cache); the experts' steps only for a
-    mixture of experts and the LoRA step only with adapters (else 0: never called); attention
+    mixture of experts, the latent step only for latent attention and the LoRA step only with
+    adapters (else 0: never called); attention
     with sinks, the clamped SwiGLU gate (gpt-oss) and xIELU (Apertus) only for a model that has them."""
     plain, with_sinks, qkv = KV_STEPS[kv_format]
     gate = {CLAMPED_SWIGLU: gate_step_clamped, XIELU: gate_step_xielu}.get(activation, gate_step)
     chosen = {attention_step: with_sinks if sinks else plain, qkv_step: qkv, gate_step: gate}
     steps = [chosen.get(step, step) for step in STEPS]
-    unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()), *((expert_lora_step,) if not (lora and experts) else ()))
+    unused = (*(MOE_STEPS if not experts else ()), *((lora_step,) if not lora else ()), *((expert_lora_step,) if not (lora and experts) else ()),
+              *((latent_step,) if not latent else ()))
     return np.array([0 if step in unused else _compile_step(step) for step in (*steps, parallel_region)], np.int64)

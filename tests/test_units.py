@@ -403,8 +403,8 @@ def test_each_spec_s_default_rope_base_is_its_config_class_s():
 
     for spec in SPECS:
         config_class = getattr(transformers, spec.hf_names[0].replace("ForCausalLM", "Config"), None)
-        if spec.hf_names[0] == "Gemma3ForCausalLM":
-            config_class = transformers.Gemma3TextConfig
+        if spec.hf_names[0] in ("Gemma3ForCausalLM", "Llama4ForCausalLM"):  # the text models' own config classes
+            config_class = getattr(transformers, spec.hf_names[0].replace("ForCausalLM", "TextConfig"))
         theirs = getattr(config_class, "default_theta", 10_000.0)
         theirs = theirs["global"] if isinstance(theirs, dict) else theirs
         assert spec.rope_theta == theirs, spec.hf_names[0]

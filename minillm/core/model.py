@@ -255,7 +255,7 @@ class Model:
     def _step_kernels(self) -> np.ndarray:
         cfg = self.config
         return step_kernels(self.kv_dtype, experts=cfg.num_experts > 0, sinks=cfg.attention_sinks, activation=ACTIVATIONS[cfg.hidden_act],
-                            lora=bool(self.adapters))
+                            lora=bool(self.adapters), latent=cfg.latent)
 
     def set_adapters(self, adapters) -> None:
         """The LoRA adapters rows may use (minillm.loading.lora), adapter i for a row of adapter
