@@ -274,6 +274,7 @@ def _config(tmp_path, **fields):
 
 @pytest.mark.parametrize("fields,named", [
     (dict(architectures=["Qwen3NextForCausalLM"]), "architectures"),
+    (dict(architectures=["Llama4ForCausalLM"], intermediate_size_mlp=96, attn_temperature_tuning="yes"), "attn_temperature_tuning"),
     (dict(architectures=["DeepseekV2ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, topk_method="noaux_tc"), "topk_method"),
     (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, topk_method="greedy"), "topk_method"),
     (dict(architectures=["DeepseekV3ForCausalLM"], n_routed_experts=8, moe_intermediate_size=8, rope_interleave=False), "rope_interleave"),

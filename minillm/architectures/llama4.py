@@ -48,7 +48,9 @@ class Llama4(Architecture):
         chunked = tuple(t == "chunked_attention" for t in types)
         if any(chunked) and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0):
             raise ConfigError(f"{fields.source}: field 'attention_chunk_size' must be a positive integer for chunked_attention layers, got {chunk!r}")
-        tuned = fields.boolean("attn_temperature_tuning", default=True)
+        tuned = fields.raw.get("attn_temperature_tuning", True)
+        if not isinstance(tuned, (bool, int)):  # Meta's own configs write a number (4): transformers takes any truthy value
+            raise ConfigError(f"{fields.source}: field 'attn_temperature_tuning' must be true, false or a number, got {tuned!r}")
         return dict(attention_chunk=chunk if any(chunked) else 0, chunked_layers=chunked if any(chunked) else (), qk_norm_rope_only=True,
                     attn_temperature_floor=float(fields.number("floor_scale", 8192)) if tuned else 0.0,
                     attn_temperature_scale=float(fields.number("attn_scale", 0.1)) if tuned else 0.0)
