@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_vs_llamacpp as bench  # noqa: E402
 from perplexity_vs_llamacpp import llama_perplexity, minillm_run  # noqa: E402
+from perplexity_vs_llamacpp import perplexity as pooled_perplexity  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "kv_results.json"
 # minillm's KV format -> llama.cpp's cache type of the same precision (bfloat16 has none there)
@@ -127,7 +128,7 @@ def accuracy(args) -> dict:
         rows = {}
         for kv in args.kv:
             model = Model.load(gguf, ctx=ctx, kv_dtype=kv)
-            ours, _ = minillm_run(model, ids, ctx, args.stride)
+            ours = pooled_perplexity(*minillm_run(model, [ids], ctx, args.stride)[:2])
             try:
                 theirs = llama_perplexity(gguf, ids_file, ctx, args.stride, LLAMA_KV[kv])
             except Exception as e:  # a cache type this llama.cpp build refuses

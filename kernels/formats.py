@@ -52,6 +52,7 @@ class WeightFormat:
     scales_beside: bool = False  # a float16 scale per block of 32 kept beside the rows (Linear.scales)
     groupable: bool = False  # regrouped at load into its 16-row layout (`grouped`), when rows allow
     group_of: str | None = None  # for a grouped layout: the format it regroups
+    default_activations: int = 16  # a groupable format's activation bits unless chosen (`with_activations`)
 
     @property
     def code(self) -> int:
@@ -106,14 +107,14 @@ _STORED = (
     WeightFormat("I8", np.int8, 1, 1, Operand.INT16, "int8 per block of 32 with a float16 scale, the error-minimising scale searched at load",
                  own_code=1100, scales_beside=True),
     WeightFormat("F16", np.uint8, 32, 64, _F, "GGUF float16 rows, widened in registers", ggml_type=1),
-    WeightFormat("Q4_0", np.uint8, 32, 18, _F, "GGUF 4-bit blocks, a float16 scale", ggml_type=2, groupable=True),
+    WeightFormat("Q4_0", np.uint8, 32, 18, _F, "GGUF 4-bit blocks, a float16 scale", ggml_type=2, groupable=True, default_activations=8),
     WeightFormat("Q4_1", np.uint8, 32, 20, _F, "GGUF 4-bit blocks, a float16 scale and minimum", ggml_type=3),
-    WeightFormat("Q5_0", np.uint8, 32, 22, _F, "GGUF 5-bit blocks, a float16 scale", ggml_type=6, groupable=True),
+    WeightFormat("Q5_0", np.uint8, 32, 22, _F, "GGUF 5-bit blocks, a float16 scale", ggml_type=6, groupable=True, default_activations=8),
     WeightFormat("Q5_1", np.uint8, 32, 24, _F, "GGUF 5-bit blocks, a float16 scale and minimum", ggml_type=7),
-    WeightFormat("Q8_0", np.uint8, 32, 34, _F, "GGUF 8-bit blocks, a float16 scale", ggml_type=8, groupable=True),
-    WeightFormat("Q4_K", np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, groupable=True),
+    WeightFormat("Q8_0", np.uint8, 32, 34, _F, "GGUF 8-bit blocks, a float16 scale", ggml_type=8, groupable=True, default_activations=8),
+    WeightFormat("Q4_K", np.uint8, 256, 144, _F, "GGUF 4-bit super-blocks, 6-bit scales and minimums", ggml_type=12, groupable=True, default_activations=8),
     WeightFormat("Q5_K", np.uint8, 256, 176, _F, "GGUF 5-bit super-blocks, 6-bit scales and minimums", ggml_type=13),
-    WeightFormat("Q6_K", np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, groupable=True),
+    WeightFormat("Q6_K", np.uint8, 256, 210, _F, "GGUF 6-bit super-blocks, 8-bit scales", ggml_type=14, groupable=True, default_activations=8),
     WeightFormat("MXFP4", np.uint8, 32, 17, _F, "GGUF microscaling FP4 blocks (gpt-oss's experts), a power-of-two scale", ggml_type=39,
                  groupable=True),
 )
@@ -181,14 +182,19 @@ def layouts_of(name: str) -> tuple[str, ...]:
     return tuple(f.name for f in FORMATS if f.group_of == name)
 
 
-def with_activations(fmt: WeightFormat, bits: int) -> WeightFormat:
+def with_activations(fmt: WeightFormat, bits: "int | dict[str, int] | None" = None) -> WeightFormat:
     """The format a matrix of fmt runs as when activations are quantized to `bits` bits against
-    grouped layouts (the same weights: a grouped layout's other row); any other format unchanged."""
-    if bits not in ACTIVATION_WIDTHS:
-        raise ValueError(f"activations must be {' or '.join(map(str, ACTIVATION_WIDTHS))} bits, got {bits}")
+    grouped layouts (the same weights: a grouped layout's other row); any other format unchanged.
+    bits None: the regrouped format's own default (`default_activations`, chosen by perplexity:
+    docs/performance.md); a dict: bits per stored format's name, the others their default."""
     if not fmt.group_of:
         return fmt
-    return next(BY_NAME[name] for name in layouts_of(fmt.group_of) if BY_NAME[name].activation_bits == bits)
+    source = BY_NAME[fmt.group_of]
+    if bits is None or isinstance(bits, dict):
+        bits = (bits or {}).get(source.name, source.default_activations)
+    if bits not in ACTIVATION_WIDTHS:
+        raise ValueError(f"activations must be {' or '.join(map(str, ACTIVATION_WIDTHS))} bits, got {bits}")
+    return next(BY_NAME[name] for name in layouts_of(source.name) if BY_NAME[name].activation_bits == bits)
 
 
 def runnable(fmt: WeightFormat, rows: int) -> WeightFormat:

@@ -326,8 +326,9 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
     earlier turns, a system prompt) skip prefilling it; None: a default from free memory, 0: off.
     threads: the most threads a step uses (default: every CPU); fewer are used while more would
     wait on a busy machine (minillm.core.threads).
-    activations: 16 (default) or 8: the bits activations are quantized to against GGUF blocks run on
-    integer products; 8 is llama.cpp's numerics (faster prefill, its accuracy).
+    activations: 16 or 8: the bits activations are quantized to against GGUF blocks run on integer
+    products; 8 is llama.cpp's numerics (faster prefill, its accuracy); None (default): each
+    format's own choice (kernels.formats: 8 where perplexity stays within llama.cpp's bar).
     kv_dtype: how the KV cache (and the prefix cache) keeps keys and values: "float32" (default;
     exact), "float16" or "bfloat16" (half the memory), "q8_0" (34 bytes per 32 values, as
     llama.cpp's -ctk/-ctv q8_0). Attention widens them to float32 as it reads, with the same sums.

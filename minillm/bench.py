@@ -32,7 +32,7 @@ def run(
     prompt: list[int] | None = None,
     kv_dtype: str = "float32",
     lora: tuple[str, ...] = (),
-    activations: int = 16,
+    activations: int | None = None,
 ) -> dict:
     """Load, warm up, then time a prefill of `prompt_tokens` and `gen_tokens` greedy decode steps
     (of `prompt` when given: a text whose output repeats it shows what speculation gains). With
@@ -40,7 +40,7 @@ def run(
     greedy generation through the engine with and without it: tokens/s from the first token on,
     and the tokens proposed and accepted. lora: LoRA adapters ("[NAME=]PATH[:SCALE]") every step
     runs with, their updates summed (load_s includes reading them). activations: 16 or 8 bits
-    against GGUF blocks run on integer products."""
+    against GGUF blocks run on integer products (None: each format's default)."""
     t0 = time.perf_counter()
     model = Model.load(model_dir, ctx=ctx, dtype=dtype, kv_dtype=kv_dtype, activations=activations)
     adapter = None

@@ -171,7 +171,7 @@ def _setup_commands(sub) -> None:
     what.add_argument("--dtype", choices=[d for d in DTYPE_CHOICES if d != "gguf"], help="what a checkpoint loaded at this precision needs")
     what.add_argument("--formats", nargs="+", metavar="F", help="these weight formats (a GGUF's: Q4_0, Q4_K, Q6_K, Q8_0, ..)")
     wu.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default="float32", help="and the forward pass for this KV cache format")
-    wu.add_argument("--activations", type=int, choices=[16, 8], default=16, help="the grouped layouts' kernels for activations of these bits")
+    wu.add_argument("--activations", type=int, choices=[16, 8], help="the grouped layouts' kernels for activations of these bits (default: each format's own)")
     wu.add_argument("--experts", action="store_true", help="and the steps of a mixture of experts (Mixtral, Qwen-MoE, OLMoE)")
     wu.add_argument("--gpt-oss", action="store_true", help="and gpt-oss's steps (experts, attention sinks, clamped SwiGLU)")
 
@@ -346,7 +346,7 @@ def cmd_bench(args) -> int:
 
         prompt = Tokenizer(tokenizer_files(args.model)[0]).encode(text)
     result = run(args.model, args.dtype, args.prompt_tokens, args.gen_tokens, ctx=args.ctx, speculation=_options(args), prompt=prompt,
-                 kv_dtype=args.kv_dtype or "float32", lora=tuple(args.lora or ()), activations=args.activations or 16)
+                 kv_dtype=args.kv_dtype or "float32", lora=tuple(args.lora or ()), activations=args.activations)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -569,10 +569,10 @@ def cmd_warmup(args) -> int:
         import minillm
 
         start = time.perf_counter()
-        minillm.load(args.model, kv_dtype=args.kv_dtype, activations=args.activations or 16)
+        minillm.load(args.model, kv_dtype=args.kv_dtype, activations=args.activations)
         print(f"kernels for {args.model} ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         return 0
-    formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or (), args.activations or 16)
+    formats = formats_for(None if args.formats else args.dtype or "float32", args.formats or (), args.activations)
     seconds = warm(formats, args.kv_dtype, args.experts, args.gpt_oss)
     print(f"kernels for {', '.join(f.name for f in formats)} ready in {seconds:.1f} s", file=sys.stderr)
     return 0

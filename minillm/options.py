@@ -27,9 +27,10 @@ class Options:
     revision: str | None = field(default=None, metadata={"help": "with a Hub name, its branch, tag or commit (default: main)"})
     ctx: int | None = field(default=None, metadata={"help": "context size (default: min(max positions, 4096))"})
     dtype: str | None = field(default=None, metadata={"help": "weight precision (kernels.formats.DTYPE_CHOICES)"})
-    activations: int = field(default=16, metadata={"help": "bits activations are quantized to per block of 32 against GGUF blocks "
-                             "run on integer products (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4): 16 (the default; within about 1/65000 of "
-                             "float32) or 8 (llama.cpp's own numerics: half the products, faster prefill)"})
+    activations: int | None = field(default=None, metadata={"help": "bits activations are quantized to per block of 32 against GGUF blocks "
+                                    "run on integer products (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4): 16 (within about 1/65000 of float32) or 8 "
+                                    "(llama.cpp's own numerics: half the products, faster prefill); default: each format's own, "
+                                    "chosen by perplexity (docs/performance.md)"})
     check_weights: bool = field(default=False, metadata={"help": "reject weights containing NaN or Inf"})
     threads: int | None = field(default=None, metadata={"help": "the most threads a step uses (default: every CPU; with replicas, 1 per replica)"})
     kv_dtype: str = field(default="float32", metadata={"help": "how the KV cache keeps keys and values: float32 (exact, the default), "
@@ -98,7 +99,7 @@ class Options:
             raise UsageError("--spec-tokens and --spec-ngram need --speculative")
         if self.speculative == "draft" and self.spec_ngram is not None:
             raise UsageError("--spec-ngram is for --speculative ngram (prompt lookup), not draft")
-        if self.activations not in (16, 8):
+        if self.activations not in (None, 16, 8):
             raise UsageError(f"activations must be 16 or 8 (bits), got {self.activations!r}")
         if self.reasoning_format not in ("auto", "none"):
             raise UsageError(f"reasoning-format must be auto or none, got {self.reasoning_format!r}")

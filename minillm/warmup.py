@@ -22,10 +22,10 @@ HASWELL_FEATURES = (
 )
 
 
-def formats_for(dtype: str | None = None, names=(), activations: int = 16) -> list:
+def formats_for(dtype: str | None = None, names=(), activations: int | None = None) -> list:
     """The weight formats (kernels.formats) that `--dtype` or the named formats run as: each name
-    with its 16-row grouped layout for `activations` bits, which the loader uses when a matrix's
-    rows allow."""
+    with its 16-row grouped layout for `activations` bits (None: the format's default), which the
+    loader uses when a matrix's rows allow."""
     from . import kernels as K
 
     wanted = list(names)

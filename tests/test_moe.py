@@ -371,7 +371,7 @@ def _as_stored_near_dequantized(root, qtype, name):
     kind = QT[qtype.split()[-1]]
     path = write_gguf(root / "hf", root / f"{qtype}.gguf", qtype=lambda n: QT.Q6_K if kind == QT.Q4_K and "down" in n else kind,
                       fuse_gate_up_exps=qtype.startswith("fused"))
-    model = Model.load(path)
+    model = Model.load(path, activations=16)  # within 16-bit activations' error of the dequantized file
     assert model.dtype == "gguf" and {f.group_of or f.name for f in model.weights.formats} >= {qtype.split()[-1]}
     got = model.forward(TOKENS, model.new_cache(), all_logits=True)
     import_gguf(path, root / f"{qtype}-imported", progress=False)
@@ -379,10 +379,15 @@ def _as_stored_near_dequantized(root, qtype, name):
     reference = exact.forward(TOKENS, exact.new_cache(), all_logits=True)
     scale = np.abs(reference).max(axis=-1, keepdims=True)
     assert (np.abs(got - reference) <= 5e-3 * scale).all(), name
-    cache = model.new_cache()
-    steps = [model.forward(TOKENS[:7], cache).copy()] + [model.forward([t], cache).copy() for t in TOKENS[7:20]]
-    np.testing.assert_array_equal(np.stack(steps), got[6:20])
-    assert_batched_decode_equals_alone(model, TOKENS)
+    default = Model.load(path)  # each format's default: 8-bit activations for most (llama.cpp's numerics)
+    for m, logits in ((model, got), (default, default.forward(TOKENS, default.new_cache(), all_logits=True))):
+        cache = m.new_cache()
+        steps = [m.forward(TOKENS[:7], cache).copy()] + [m.forward([t], cache).copy() for t in TOKENS[7:20]]
+        np.testing.assert_array_equal(np.stack(steps), logits[6:20])
+        assert_batched_decode_equals_alone(m, TOKENS)
+    # 8-bit levels against these random models' outliers: each position within a tenth of its
+    # largest logit (measured at most 7.5%, llama4's Q8_0 experts; 0.3-2% typically)
+    assert (np.abs(logits - reference).max(-1) <= 0.1 * scale[:, 0]).all(), name
 
 
 def test_gguf_k_quant_experts(tmp_path):

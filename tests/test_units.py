@@ -426,6 +426,10 @@ def test_the_format_table_agrees_with_gguf_py():
             source = BY_NAME[fmt.group_of]
             assert (fmt.block, fmt.block_bytes) == (source.block, source.block_bytes) and fmt.name.startswith(source.grouped)
             assert fmt.name in layouts_of(source.name) and with_activations(fmt, 16).name == source.grouped
+            assert with_activations(fmt).activation_bits == source.default_activations in (16, 8)
+            assert with_activations(fmt, {source.name: 16}).name == source.grouped and with_activations(fmt, {"F32": 16}) == with_activations(fmt)
+        elif not fmt.groupable:
+            assert with_activations(fmt, 8) == with_activations(fmt) == fmt  # nothing to choose
 
 
 def test_every_format_names_its_kernels_once():
@@ -448,7 +452,7 @@ def test_activations_are_16_or_8_bits():
     from minillm.errors import UsageError
     from minillm.options import Options
 
-    assert Options().activations == 16 and Options(activations=8).activations == 8
+    assert Options().activations is None and Options(activations=8).activations == 8  # None: each format's default
     with pytest.raises(UsageError, match="activations must be 16 or 8"):
         Options(activations=12)
     assert Options.from_strings({"activations": "8"}).activations == 8  # as Ray Serve's key=value gives it
@@ -461,6 +465,7 @@ def test_warmup_compiles_the_grouped_layouts_for_the_activations_chosen(capsys):
     from minillm.warmup import formats_for
 
     assert {f.name for f in formats_for(names=["Q4_0"], activations=8)} == {"Q4_0", "Q4_0_R16_A8"}
-    assert {f.name for f in formats_for(names=["Q4_0"])} == {"Q4_0", "Q4_0_R16"}
+    assert {f.name for f in formats_for(names=["Q4_0"], activations=16)} == {"Q4_0", "Q4_0_R16"}
+    assert {f.name for f in formats_for(names=["Q4_0", "MXFP4"])} == {"Q4_0", "Q4_0_R16_A8", "MXFP4", "MXFP4_R16"}  # their defaults
     assert main(["warmup", "--formats", "Q4_0", "--activations", "8"]) == 0
     assert "Q4_0_R16_A8" in capsys.readouterr().err

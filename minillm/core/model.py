@@ -204,9 +204,9 @@ class Model:
     """
 
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None, threads: int | None = None, kv_dtype: str = "float32",
-                 activations: int = 16):
+                 activations: int | dict | None = None):
         self.config = cfg
-        self.activations = activations  # bits, against grouped layouts (kernels.formats.with_activations)
+        self.activations = activations  # bits against grouped layouts, None each format's default (kernels.formats.with_activations)
         self.kv_format = kv_format(kv_dtype, cfg)
         self.kv_dtype = self.kv_format.name
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, self.kv_format)
@@ -272,13 +272,13 @@ class Model:
     @classmethod
     def load(
         cls, source: str | Path, ctx: int | None = None, dtype: str | None = None, check_finite: bool = False, threads: int | None = None,
-        kv_dtype: str = "float32", activations: int = 16,
+        kv_dtype: str = "float32", activations: int | dict | None = None,
     ) -> "Model":
         """From an HF checkpoint directory or a GGUF file (checkpoint.load_checkpoint); dtype None
         is float32 for a directory and the stored formats for a GGUF. threads: the most a step
         uses (default: every CPU Numba sees). kv_dtype: how the KV cache keeps keys and values
         (kernels.formats.KV_FORMATS). activations: 16 or 8 bits against GGUF blocks run on integer
-        products (kernels.formats.with_activations)."""
+        products, None each format's default, or a dict by format name (kernels.formats.with_activations)."""
         with CompileNotice("the kernels that convert weights at load", jobs=1):  # int8's quantizer, regrouping, ..
             cfg, weights = load_checkpoint(source, dtype=dtype, check_finite=check_finite)
         return cls(cfg, weights, ctx, threads, kv_dtype, activations)
@@ -418,10 +418,10 @@ def _address(a: np.ndarray, unit: int = 1) -> tuple[int, int, int]:
     return a.ctypes.data, a.shape[0], a.shape[1] * a.itemsize // unit
 
 
-def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray, activations: int = 16) -> "K.ModelWeights":
+def kernel_weights(cfg: ModelConfig, w: Weights, rope_table: np.ndarray, windows: np.ndarray, activations: int | dict | None = None) -> "K.ModelWeights":
     """The weights and architecture as kernels.forward reads them, by name (built once at load):
     every matrix as its bytes, with its format's kernels (compiled now, or loaded from Numba's
-    cache, for the formats this model has; a grouped layout's for `activations` bits)."""
+    cache, for the formats this model has; a grouped layout's for its activations' bits)."""
     layers = w.layers
     f = np.float32
     no_mlp = Linear(np.zeros((0, cfg.hidden_size), f), K.BY_NAME["F32"])  # a sparse layer without a shared expert
