@@ -317,9 +317,10 @@ def load(model_dir: str | Path | None = None, *, progress: bool = True, options:
 
     dtype: how weights are kept. A directory's are converted at load: "float32" (default;
     exact), "bfloat16", "int8" (blocks of 32 with a scale each) or "q4_0" (4-bit blocks and a Q8_0
-    output matrix, as llama.cpp's Q4_0 quantizer makes them). A GGUF's run as stored ("gguf", the default; Q4_0, Q8_0, Q4_K and Q6_K
-    on integer products within 16-bit activations' error, the other formats exactly the logits of
-    their dequantized float32 weights), or are converted to one of those.
+    output matrix, as llama.cpp's Q4_0 quantizer makes them). A GGUF's run as stored ("gguf", the default; Q4_0, Q5_0, Q8_0, Q4_K, Q6_K and
+    MXFP4 on integer products, by default against 8-bit activations as llama.cpp's (MXFP4: 16),
+    the other formats exactly the logits of their dequantized float32 weights), or are converted
+    to one of those.
     check_weights: reject weights containing NaN or Inf (reads every weight once at load).
     max_batch / max_queue: sequences decoded together, and requests allowed to wait.
     cache_mb: memory for the prefix cache, which lets requests that share a prefix (a chat's
