@@ -2,10 +2,13 @@
 
     python benchmarks/moe.py [--rounds 5] [--threads 2] [--files Q4_0,Q4_K_M]
     python benchmarks/moe.py --arch gpt-oss        # --files MXFP4_MOE: gpt-oss as llama.cpp ships it
+    python benchmarks/moe.py --arch qwen3moe-2b    # ~2B total: 32 experts, 4 active, 12 layers
+    NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=... python benchmarks/moe.py ...   # minillm as an AVX2 CPU runs it
 
 The qwen3moe shape is Qwen3-30B-A3B's with 16 layers and 64 experts: hidden 2048, 32 query heads
 and 4 KV heads of 128, 64 experts of intermediate 768, top 8 renormalised, vocabulary 49152 (the
-default model's tokenizer); ~5.3B parameters, ~0.5B of them active per token. The gpt-oss shape
+default model's tokenizer); ~5.3B parameters, ~0.5B of them active per token. qwen3moe-2b is the
+same layers with 32 experts, top 4, 12 of them: ~2.2B parameters, ~0.55B active. The gpt-oss shape
 is gpt-oss-20b's layers (hidden 2880, 64 query heads and 8 KV heads of 64, 32 experts of 2880,
 top 4, biases, attention sinks, a 128-token window every other layer), 4 of them, vocabulary
 49152; ~3.5B parameters, ~0.6B active. Random bfloat16 weights are written as the architecture's
@@ -17,7 +20,8 @@ ffn_*_exps), and quantized by llama.cpp's quantizer (llama_model_quantize) to ea
 The rounds are bench_vs_llamacpp.py's (`measure`): read bandwidth sampled, then minillm and
 llama.cpp alternately, each in a fresh process, 2 threads: prefill of 128 and 512 tokens, 128
 decode steps after a 128-token prompt, both engines' peak RSS. Prints medians and ratios (and the
-rounds minillm was ahead) and writes benchmarks/moe_results.json (gpt-oss: moe_gpt_oss_results.json).
+rounds minillm was ahead) and writes benchmarks/moe_results.json (gpt-oss: moe_gpt_oss_results.json,
+qwen3moe-2b: moe_2b_results.json; for another NUMBA_CPU_NAME, .<name> before .json).
 Benchmarks are not tests: nothing here runs under pytest.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -34,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_llamacpp import CACHE, ROOT, ensure_llama_cpp, machine, measure, row_files, table  # noqa: E402
 
 SHAPES = {"qwen3moe": dict(H=2048, L=16, nh=32, nkv=4, hd=128, E=64, k=8, I=768, V=49152),
+          "qwen3moe-2b": dict(H=2048, L=12, nh=32, nkv=4, hd=128, E=32, k=4, I=768, V=49152),
           "gpt-oss": dict(H=2880, L=4, nh=64, nkv=8, hd=64, E=32, k=4, I=2880, V=49152, window=128)}
-FILES = {"qwen3moe": "Q4_0,Q4_K_M", "gpt-oss": "MXFP4_MOE"}
+FILES = {"qwen3moe": "Q4_0,Q4_K_M", "qwen3moe-2b": "Q4_0,Q4_K_M", "gpt-oss": "MXFP4_MOE"}
+RESULTS = {"qwen3moe": "moe_results", "qwen3moe-2b": "moe_2b_results", "gpt-oss": "moe_gpt_oss_results"}
 
 
 def random_moe(arch: str) -> Path:
@@ -139,7 +146,8 @@ def main() -> None:
         print(f"{label}: prefill 512 {pre['minillm']:.1f} vs {pre['llama.cpp']:.1f} tok/s ({pre['ratio']:.2f}x, ahead {pre['ahead']}/{pre['rounds']}), "
               f"decode {dec['minillm']:.2f} vs {dec['llama.cpp']:.2f} ({dec['ratio']:.2f}x, ahead {dec['ahead']}/{dec['rounds']}), "
               f"peak RSS {row['peak_rss_mb']:.0f} MiB (llama.cpp {row['llama_cpp_peak_rss_mb']:.0f}), file {row['file_mb']:.0f} MiB")
-    out = ROOT / "benchmarks" / ("moe_results.json" if args.arch == "qwen3moe" else "moe_gpt_oss_results.json")
+    named = os.environ.get("NUMBA_CPU_NAME")  # one file per target, as eight_b.py's
+    out = ROOT / "benchmarks" / (RESULTS[args.arch] + (f".{named}" if named else "") + ".json")
     out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
                                "rounds": args.rounds, "arch": args.arch, "shape": SHAPES[args.arch], "table": result,
                                "samples": {"/".join(k): v for k, v in samples.items()}}, indent=2) + "\n")

@@ -31,6 +31,7 @@ from .vector_ir import (
     loop,
     quantized_block,
     round_bf16_chunk,
+    store_bf16_tokens,
 )
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
@@ -144,7 +145,8 @@ def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
 @intrinsic
 def round_bf16_chunks(typingctx, out, x, t):
     """out[t, k] = x[t, k] rounded to bfloat16 bits, over the full 32-element chunks of the row
-    (the same rounding as weight_dot_chunks applies to its x on the fly)."""
+    (the same rounding as weight_dot_chunks applies to its x on the fly); where split_bf16 holds,
+    each chunk in vector_ir.TOKEN_ORDER (load_bf16_tokens reads it back)."""
     sig = types.void(out, x, t)
 
     def codegen(context, builder, signature, args):
@@ -156,9 +158,7 @@ def round_bf16_chunks(typingctx, out, x, t):
         px = builder.gep(xarr.data, [row], source_etype=F32)
 
         def body(i, _):
-            chunk = round_bf16_chunk(builder, px, i)
-            dst = builder.bitcast(builder.gep(po, [i], source_etype=I16), chunk.type.as_pointer())
-            builder.store(chunk, dst, align=2)
+            store_bf16_tokens(builder, round_bf16_chunk(builder, px, i), po, i)
             return []
 
         loop(builder, I64(0), builder.and_(K, I64(-BF16_CHUNK)), BF16_CHUNK, [], body)
