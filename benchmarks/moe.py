@@ -148,7 +148,10 @@ def main() -> None:
               f"peak RSS {row['peak_rss_mb']:.0f} MiB (llama.cpp {row['llama_cpp_peak_rss_mb']:.0f}), file {row['file_mb']:.0f} MiB")
     named = os.environ.get("NUMBA_CPU_NAME")  # one file per target, as eight_b.py's
     out = ROOT / "benchmarks" / (RESULTS[args.arch] + (f".{named}" if named else "") + ".json")
-    out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "threads": args.threads,
+    import llama_cpp
+
+    out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "minillm_target": named or "native",
+                               "llama.cpp": llama_cpp.llama_print_system_info().decode().strip(), "threads": args.threads,
                                "rounds": args.rounds, "arch": args.arch, "shape": SHAPES[args.arch], "table": result,
                                "samples": {"/".join(k): v for k, v in samples.items()}}, indent=2) + "\n")
 
