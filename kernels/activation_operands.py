@@ -13,26 +13,11 @@ from numba import cfunc, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .bf16_vectors import BF16_CHUNK, round_bf16_chunk, store_bf16_tokens
 from .formats import PREPARE_SIGNATURE, Operand
 from .jit import EXACT_MATH, address_call, kernel
 from .quantize import bf16_bits
-from .vector_ir import (
-    BF16_CHUNK,
-    F32,
-    I16,
-    I32,
-    I32_VEC,
-    I64,
-    LANES,
-    QBLOCK,
-    as_i64,
-    bits_as_f32,
-    data_ptr,
-    loop,
-    quantized_block,
-    round_bf16_chunk,
-    store_bf16_tokens,
-)
+from .vector_ir import F32, I16, I32, I32_VEC, I64, LANES, QBLOCK, as_i64, bits_as_f32, data_ptr, loop, quantized_block
 
 ACT_MAX = 32767.0  # int16 activation levels: -ACT_MAX .. ACT_MAX
 I8 = ir.IntType(8)
@@ -146,7 +131,7 @@ def operand_shapes(T: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
 def round_bf16_chunks(typingctx, out, x, t):
     """out[t, k] = x[t, k] rounded to bfloat16 bits, over the full 32-element chunks of the row
     (the same rounding as weight_dot_chunks applies to its x on the fly); where split_bf16 holds,
-    each chunk in vector_ir.TOKEN_ORDER (load_bf16_tokens reads it back)."""
+    each chunk in bf16_vectors.TOKEN_ORDER (load_bf16_tokens reads it back)."""
     sig = types.void(out, x, t)
 
     def codegen(context, builder, signature, args):

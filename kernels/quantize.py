@@ -16,9 +16,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .bf16_vectors import BF16_CHUNK
 from .formats import BY_NAME
 from .jit import EXACT_MATH, REDUCE_MATH, kernel
-from .vector_ir import BF16_CHUNK, LANES, QBLOCK, bits_as_f32, f32_as_bits, half_to_f32
+from .vector_ir import LANES, QBLOCK, bits_as_f32, f32_as_bits, half_to_f32
 from .target import has
 
 

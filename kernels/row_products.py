@@ -11,7 +11,7 @@ lane before the same tree. One chain of vdpbf16ps waits on its latency: a core s
 2048 at 22 GB/s with one accumulator, 30 with two; several rows side by side did worse (15-19),
 their 4 KiB rows sharing L1 sets. Without vdpbf16ps the same products are plain vectors, and
 with AVX2's 16 registers a tile takes them half a chunk at a time against activations stored for
-it (vector_ir.bf16_tile_halves, TOKEN_ORDER): one matrix 3-4x as fast as pair by pair. int8 rows
+it (bf16_vectors.bf16_tile_halves, TOKEN_ORDER): one matrix 3-4x as fast as pair by pair. int8 rows
 meet activations quantized to int16 per block of 32 (activation_operands.quantize_blocks), a block
 at a time (vector_ir.int8_block_term).
 """
@@ -21,11 +21,20 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from .activation_operands import activation, chunk_operand
+from .bf16_vectors import (
+    BF16_ACCS,
+    BF16_CHUNK,
+    bf16_tile_halves,
+    dpbf16,
+    load_bf16_chunk,
+    load_bf16_tokens,
+    native_bf16,
+    round_bf16_chunk,
+    split_bf16,
+)
 from .jit import EXACT_MATH
 from .quantize import chunked_len, weight_at
 from .vector_ir import (
-    BF16_ACCS,
-    BF16_CHUNK,
     F32,
     I16,
     I32,
@@ -37,7 +46,6 @@ from .vector_ir import (
     VEC,
     as_i64,
     data_ptr,
-    dpbf16,
     fma_acc,
     half_to_f32,
     int8_acc_type,
@@ -46,16 +54,12 @@ from .vector_ir import (
     int8_pairs_term,
     int8_values,
     int16_values,
-    load_bf16_chunk,
-    load_bf16_tokens,
     load_f32,
     load_int8_block,
     load_int16_block,
     loop,
-    native_bf16,
     prefetch,
     reduce_tree,
-    round_bf16_chunk,
     splat,
     store_sums,
     tile_sums,
@@ -250,7 +254,7 @@ def _dense_tile(bf16, prefetch=False):
             ahead = builder.mul(wK, I64(nr * TILES_AHEAD)) if prefetch else None
             if bf16:
                 sums = tile_sums(builder, rows, toks, wK, load=load_bf16_chunk, col_load=load_bf16_tokens, term=dpbf16, chunk=BF16_CHUNK,
-                                 accs=BF16_ACCS, prefetch_ahead=ahead)
+                                 accs=BF16_ACCS, prefetch_ahead=ahead, pairs=bf16_tile_halves if split_bf16() else None)
             else:
                 sums = tile_sums(builder, rows, toks, K, prefetch_ahead=ahead)
             store_sums(context, builder, signature.args[0], args[0], as_i64(builder, args[1], None), as_i64(builder, args[2], None),
