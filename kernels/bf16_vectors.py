@@ -65,10 +65,10 @@ TOKEN_PLACE = [TOKEN_ORDER.index(k) for k in range(BF16_CHUNK)]
 
 def load_bf16_tokens(builder, ptr, i):
     """load_bf16_chunk of rounded activations (round_bf16_chunks), in their natural order."""
+    chunk = load_bf16_chunk(builder, ptr, i)
     if not split_bf16():
-        return load_bf16_chunk(builder, ptr, i)
-    raw = builder.load(builder.gep(ptr, [i], source_etype=I16), typ=I16_VEC, align=2)
-    return builder.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(I32, BF16_CHUNK), TOKEN_PLACE))
+        return chunk
+    return builder.shuffle_vector(chunk, chunk, ir.Constant(ir.VectorType(I32, BF16_CHUNK), TOKEN_PLACE))
 
 
 def store_bf16_tokens(builder, chunk, ptr, i):
@@ -101,6 +101,19 @@ def round_bf16_plain(builder, v):
     return builder.trunc(out, ir.VectorType(I16, LANES))
 
 
+def _odd_values(builder, pairs):
+    """Pairs of bfloat16 (n x i32, element 2i in the low half of lane i): elements 2i + 1 as float32."""
+    n = pairs.type.count
+    high = ir.Constant(pairs.type, [-65536] * n)  # 0xFFFF0000: the odd element, already in place
+    return builder.bitcast(builder.and_(pairs, high), ir.VectorType(F32, n))
+
+
+def _even_values(builder, pairs):
+    """Pairs of bfloat16 (n x i32): elements 2i as float32."""
+    n = pairs.type.count
+    return builder.bitcast(builder.shl(pairs, ir.Constant(pairs.type, [16] * n)), ir.VectorType(F32, n))
+
+
 def dpbf16(builder, acc, a, b):
     """acc[i] += a[2i+1] b[2i+1], then += a[2i] b[2i], in float32 (vdpbf16ps; each product of two
     bfloat16 is exact in float32, so a fused multiply-add per product gives the same sums)."""
@@ -108,11 +121,8 @@ def dpbf16(builder, acc, a, b):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC, BF16_VEC, BF16_VEC]), "llvm.x86.avx512bf16.dpbf16ps.512")
         return builder.call(fn, [acc, a, b])
     pairs_a, pairs_b = builder.bitcast(a, I32_VEC), builder.bitcast(b, I32_VEC)
-    high = ir.Constant(I32_VEC, [-65536] * LANES)  # 0xFFFF0000: the odd element, already in place
-    odd = lambda p: builder.bitcast(builder.and_(p, high), VEC)
-    even = lambda p: builder.bitcast(builder.shl(p, ir.Constant(I32_VEC, [16] * LANES)), VEC)
-    acc = fma_vec(builder, odd(pairs_a), odd(pairs_b), acc)
-    return fma_vec(builder, even(pairs_a), even(pairs_b), acc)
+    acc = fma_vec(builder, _odd_values(builder, pairs_a), _odd_values(builder, pairs_b), acc)
+    return fma_vec(builder, _even_values(builder, pairs_a), _even_values(builder, pairs_b), acc)
 
 
 def bf16_tile_halves(builder, rows, cols, i, accs):
@@ -127,8 +137,6 @@ def bf16_tile_halves(builder, rows, cols, i, accs):
     R, half = len(rows), LANES // 2
     lanes = lambda start: ir.Constant(ir.VectorType(I32, half), list(range(start, start + half)))
     wide, words = ir.VectorType(I32, half), ir.VectorType(I16, 2 * half)
-    high = ir.Constant(wide, [-65536] * half)  # 0xFFFF0000: the odd element, already in place
-    sixteen = ir.Constant(wide, [16] * half)
     zero = ir.Constant(words, [0] * (2 * half))
     vec8 = ir.VectorType(F32, half)
     parts = [[builder.shuffle_vector(acc, acc, lanes(h * half)) for h in (0, 1)] for acc in accs]
@@ -141,8 +149,8 @@ def bf16_tile_halves(builder, rows, cols, i, accs):
         pattern = [w for k in (first, first + 1, first + 2, first + 3, first + 8, first + 9, first + 10, first + 11) for w in (0, 2 * half + k)]
         return builder.bitcast(builder.shuffle_vector(zero, load(p, h, words), ir.Constant(ir.VectorType(I32, 2 * half), pattern)), vec8)
 
-    odd_row = lambda p, h: builder.bitcast(builder.and_(load(p, h, wide), high), vec8)
-    even_row = lambda p, h: builder.bitcast(builder.shl(load(p, h, wide), sixteen), vec8)
+    odd_row = lambda p, h: _odd_values(builder, load(p, h, wide))
+    even_row = lambda p, h: _even_values(builder, load(p, h, wide))
     for h in (0, 1):
         for row_values, first in ((odd_row, 4), (even_row, 0)):
             rv = [row_values(p, h) for p in rows]
