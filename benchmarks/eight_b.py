@@ -12,7 +12,8 @@ process's load_s + ttft_s) and peak RSS; minillm once per --activations. Each ro
 the machine's read bandwidth (bench_vs_llamacpp's parallel row sums over 2 GB, --threads threads),
 and decode is reported as a share of it: tok/s x the bytes a decode step reads (every tensor of the
 file but the token embeddings, of which it reads one row), per round against that round's sample.
-Writes benchmarks/eight_b_results.json (for another target, eight_b_results.<NUMBA_CPU_NAME>.json).
+Writes benchmarks/eight_b_results.<target>.json (the CPU name minillm compiled for: znver3
+natively on a Zen 3, haswell under NUMBA_CPU_NAME=haswell), after each file.
 Benchmarks are not tests.
 
 The files: Llama 3.1 8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336,
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -167,6 +167,7 @@ def main() -> None:
     from minillm.kernels import target
 
     widths = [int(a) for a in args.activations.split(",")]
+    out = ROOT / "benchmarks" / f"eight_b_results.{target.target_name()}.json"
     results = {"date": time.strftime("%Y-%m-%d"), "minillm_target": target.describe(), "rounds": args.rounds, "threads": args.threads,
                "layers": args.layers, "files": {}}
     for quant, path in paths.items():
@@ -187,10 +188,7 @@ def main() -> None:
                       f"{mine['decode32@128'] / theirs['decode32@128']:.2f}x ({mine['decode_bandwidth_share']:.0%} of the bandwidth), "
                       f"first token {mine['launch_to_first_token_s']:.1f} vs {theirs['launch_to_first_token_s']:.1f} s, "
                       f"peak RSS {mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x", flush=True)
-    # one file per target: eight_b_results.json natively, eight_b_results.haswell.json for NUMBA_CPU_NAME=haswell
-    named = os.environ.get("NUMBA_CPU_NAME")
-    out = ROOT / "benchmarks" / (f"eight_b_results.{named}.json" if named else "eight_b_results.json")
-    out.write_text(json.dumps(results, indent=2) + "\n")
+        out.write_text(json.dumps(results, indent=2) + "\n")  # after each file: an hour's run keeps what it measured
 
 
 if __name__ == "__main__":

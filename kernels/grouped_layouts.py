@@ -54,16 +54,47 @@ def group_nibbles(out, w, scale_bytes):
     flat = out.reshape(N * row_bytes)
     for g in prange(N // GROUP):
         base = g * GROUP * row_bytes
-        for r in range(GROUP):
-            n = g * GROUP + r
-            for k in range(blocks):
-                dst = base + k * GROUP * block_bytes
-                src = k * block_bytes
+        for k in range(blocks):  # the group's output in order, block by block
+            dst = base + k * GROUP * block_bytes
+            src = k * block_bytes
+            for r in range(GROUP):
+                row = w[g * GROUP + r]
                 for i in range(scale_bytes):
-                    flat[dst + scale_bytes * r + i] = w[n, src + i]
-                for o in range(4):
-                    for j in range(4):
-                        flat[dst + GROUP * scale_bytes + 64 * o + 4 * r + j] = w[n, src + scale_bytes + 4 * o + j]
+                    flat[dst + scale_bytes * r + i] = row[src + i]
+                for o in range(4):  # 4 bytes at a time
+                    _put_u32(flat, dst + GROUP * scale_bytes + 64 * o + 4 * r, _u32_at(row, src + scale_bytes + 4 * o))
+
+
+_NIBBLES, _TWO_BITS, _SIGN_BITS = np.uint32(0x0F0F0F0F), np.uint32(0x03030303), np.uint32(0x80808080)
+
+
+@intrinsic
+def _u32_at(typingctx, arr, i):
+    """Bytes i..i+3 of a contiguous uint8 array as a little-endian uint32: one unaligned load
+    (byte by byte, Numba's index wraparound keeps LLVM from merging the loads: 3x slower)."""
+    sig = types.uint32(arr, i)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [as_i64(builder, args[1], None)]), ir.IntType(32).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def _put_u32(typingctx, arr, i, v):
+    """Bytes i..i+3 of a contiguous uint8 array = the low 32 bits of v, little-endian: one store."""
+    sig = types.void(arr, i, v)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [as_i64(builder, args[1], None)]), ir.IntType(32).as_pointer())
+        value = args[2] if args[2].type.width == 32 else builder.trunc(args[2], ir.IntType(32))
+        builder.store(value, ptr, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
@@ -178,12 +209,11 @@ def group_q8_0(out, w):
             at = g * GROUP * row_bytes + k * Q8_0_GROUP_BYTES
             src = k * Q8_0_BYTES
             for r in range(GROUP):
-                n = g * GROUP + r
-                flat[at + 2 * r] = w[n, src]
-                flat[at + 2 * r + 1] = w[n, src + 1]
-                for o in range(8):
-                    for j in range(4):
-                        flat[at + 32 + 64 * o + 4 * r + j] = w[n, src + 2 + 4 * o + j] ^ np.uint8(0x80)
+                row = w[g * GROUP + r]
+                flat[at + 2 * r] = row[src]
+                flat[at + 2 * r + 1] = row[src + 1]
+                for o in range(8):  # 4 levels at a time, offset to unsigned
+                    _put_u32(flat, at + 32 + 64 * o + 4 * r, _u32_at(row, src + 2 + 4 * o) ^ _SIGN_BITS)
 
 
 @kernel_of(layouts_of("Q8_0"), "row")
@@ -231,37 +261,35 @@ def group_q6_k(out, w):
     """out = Q6_K rows w (N, sb * 210) regrouped as Q6_K_R16 (same shape): N % 16 == 0. Per
     group and super-block: the rows' d, their 16 scales as planes (plane sub: byte sub of every
     row), then per sub-block of 16 weights three words of 64 bytes (levels' low nibbles of quads
-    0 | 1, of 2 | 3, their high two bits of all four); group_q6_k_reference is the same in NumPy."""
+    0 | 1, of 2 | 3, their high two bits of all four); group_q6_k_reference is the same in NumPy.
+    Four levels at a time, as 32-bit words (a load regroups a file's Q6_K matrices: ~1 GB at 8B)."""
     N, row_bytes = w.shape
     blocks = row_bytes // Q6_K_BYTES
     flat = out.reshape(N * row_bytes)
     for g in prange(N // GROUP):
-        for r in range(GROUP):
-            n = g * GROUP + r
-            for k in range(blocks):
+        for k in range(blocks):  # the group's output in order, block by block
+            for r in range(GROUP):
+                row = w[g * GROUP + r]
                 src = k * Q6_K_BYTES
                 at = g * GROUP * row_bytes + k * Q6_K_GROUP_BYTES
-                flat[at + 2 * r], flat[at + 2 * r + 1] = w[n, src + 208], w[n, src + 209]
+                flat[at + 2 * r], flat[at + 2 * r + 1] = row[src + 208], row[src + 209]
                 for sub in range(16):
-                    flat[at + 32 + 16 * sub + r] = w[n, src + 192 + sub]
+                    flat[at + 32 + 16 * sub + r] = row[src + 192 + sub]
+                # ggml's sub-block sub = 8h + 2m + s: 16 weights whose low nibbles are bytes ql..ql+15
+                # (the high nibbles when m >= 2), their top two bits bits 2m, 2m+1 of bytes qh..qh+15
                 for sub in range(16):
+                    h, m, s = sub // 8, (sub % 8) // 2, sub % 2
+                    ql = src + 64 * h + 32 * (m & 1) + 16 * s
+                    qh = src + 128 + 32 * h + 16 * s
+                    nibble, bits = 4 * (m // 2), 2 * m
+                    lo0, lo1 = (_u32_at(row, ql) >> nibble) & _NIBBLES, (_u32_at(row, ql + 4) >> nibble) & _NIBBLES
+                    lo2, lo3 = (_u32_at(row, ql + 8) >> nibble) & _NIBBLES, (_u32_at(row, ql + 12) >> nibble) & _NIBBLES
+                    hi = ((_u32_at(row, qh) >> bits) & _TWO_BITS) | (((_u32_at(row, qh + 4) >> bits) & _TWO_BITS) << 2)
+                    hi |= (((_u32_at(row, qh + 8) >> bits) & _TWO_BITS) << 4) | (((_u32_at(row, qh + 12) >> bits) & _TWO_BITS) << 6)
                     wb = at + Q6_K_WORDS_AT + 192 * sub + 4 * r
-                    for j in range(4):
-                        e = 16 * sub + j
-                        l0, l1 = _q6_level(w, n, src, e), _q6_level(w, n, src, e + 4)
-                        l2, l3 = _q6_level(w, n, src, e + 8), _q6_level(w, n, src, e + 12)
-                        flat[wb + j] = (l0 & 15) | ((l1 & 15) << 4)
-                        flat[wb + 64 + j] = (l2 & 15) | ((l3 & 15) << 4)
-                        flat[wb + 128 + j] = (l0 >> 4) | ((l1 >> 4) << 2) | ((l2 >> 4) << 4) | ((l3 >> 4) << 6)
-
-
-@njit(cache=True)
-def _q6_level(w, n, src, e):
-    """Level e (0..255, 0..63) of the Q6_K super-block at w[n, src:] (ggml's dequantize_row_q6_K)."""
-    h, m, i = e // 128, (e % 128) // 32, e % 32
-    low = np.int64(w[n, src + 64 * h + 32 * (m & 1) + i])
-    low = (low >> 4) if m >= 2 else (low & 15)
-    return low | (((np.int64(w[n, src + 128 + 32 * h + i]) >> (2 * m)) & 3) << 4)
+                    _put_u32(flat, wb, lo0 | (lo1 << 4))
+                    _put_u32(flat, wb + 64, lo2 | (lo3 << 4))
+                    _put_u32(flat, wb + 128, hi)
 
 
 def group_q6_k_reference(out, w):
@@ -342,23 +370,22 @@ def group_q4_k(out, w):
     blocks = row_bytes // Q4_K_BYTES
     flat = out.reshape(N * row_bytes)
     for g in prange(N // GROUP):
-        for r in range(GROUP):
-            n = g * GROUP + r
-            for k in range(blocks):
+        for k in range(blocks):  # the group's output in order, block by block
+            for r in range(GROUP):
+                row = w[g * GROUP + r]
                 src = k * Q4_K_BYTES
                 at = g * GROUP * row_bytes + k * Q4_K_GROUP_BYTES
-                flat[at + 2 * r], flat[at + 2 * r + 1] = w[n, src], w[n, src + 1]
-                flat[at + 32 + 2 * r], flat[at + 33 + 2 * r] = w[n, src + 2], w[n, src + 3]
+                flat[at + 2 * r], flat[at + 2 * r + 1] = row[src], row[src + 1]
+                flat[at + 32 + 2 * r], flat[at + 33 + 2 * r] = row[src + 2], row[src + 3]
                 for j in range(12):
-                    flat[at + Q4_K_PLANES_AT + 16 * j + r] = w[n, src + 4 + j]
+                    flat[at + Q4_K_PLANES_AT + 16 * j + r] = row[src + 4 + j]
                 for sub in range(8):  # levels 32 sub.. are nibble sub % 2 of bytes 32 (sub // 2)..
                     q, shift = src + 16 + 32 * (sub // 2), 4 * (sub % 2)
                     wb = at + Q4_K_WORDS_AT + 256 * sub + 4 * r
-                    for o in range(4):
-                        for j in range(4):
-                            lo = (w[n, q + 4 * o + j] >> shift) & 15
-                            hi = (w[n, q + 16 + 4 * o + j] >> shift) & 15
-                            flat[wb + 64 * o + j] = lo | (hi << 4)
+                    for o in range(4):  # bytes j = 0..3 at once: levels 4o + j | 16 + 4o + j
+                        lo = (_u32_at(row, q + 4 * o) >> shift) & _NIBBLES
+                        hi = (_u32_at(row, q + 16 + 4 * o) >> shift) & _NIBBLES
+                        _put_u32(flat, wb + 64 * o, lo | (hi << 4))
 
 
 def group_q4_k_reference(out, w):

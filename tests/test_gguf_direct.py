@@ -182,6 +182,22 @@ def test_q4_0_at_load_is_llama_cpps_q4_0(tmp_path, tied):
     )
 
 
+def test_untied_embeddings_run_from_the_files_map(tmp_path):
+    """Untied embeddings are read a row per token: they stay in the file's blocks, mapped (a page
+    in memory once a token used it, as llama.cpp keeps them; an 8B's are 280-560 MB), not
+    regrouped into this process's memory as the matrices it multiplies by are."""
+    import mmap
+
+    make_checkpoint(tmp_path / "hf", tie_word_embeddings=False, vocab_size=128, **SMALL)  # rows in whole groups of 16
+    model = Model.load(write_gguf(tmp_path / "hf", tmp_path / "q4.gguf", qtype=QT.Q4_0))
+    embed, head = model.weights.embed, model.weights.lm_head
+    assert embed.format.name == "Q4_0" and head.format.group_of == "Q4_0"
+    base = embed.w
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    assert isinstance(base, mmap.mmap)
+
+
 def test_vectors_are_read_not_mapped(gguf_case):
     """Norms and biases are read from the file, not taken from its map: touching the map faults
     in the page cache's whole folio around a page, which held megabytes of matrices already

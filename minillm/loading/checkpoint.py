@@ -360,6 +360,10 @@ def _load_gguf(path: Path, dtype: str, check_finite: bool) -> tuple[ModelConfig,
             require_finite(model.float32(name), path, name)
         if not fmt.is_gguf_blocks:  # F32 or BF16: float32 or bfloat16 bits, on the dense kernels
             return Linear(on_cache_lines(w), fmt)
+        if name == "model.embed_tokens.weight" and not cfg.tie_word_embeddings:
+            # Only read a row per token: left in the file's blocks, mapped, so a page is in memory
+            # once a token has used it, as llama.cpp keeps it (an 8B's is 280-560 MB)
+            return Linear(np.asarray(w), fmt)
         return runnable_blocks(w, fmt, group=may_group(name))
 
     def stacked(name: str) -> list[Linear]:

@@ -111,7 +111,30 @@ def _items(cur: _Cursor, etype: int, count: int, what: str, depth: int) -> list:
     if etype in SCALARS:  # read numeric arrays in one go
         raw = cur.take(count * struct.calcsize(SCALARS[etype]), what)
         return list(struct.unpack(f"<{count}{SCALARS[etype][1]}", raw))
+    if etype == STRING:
+        return _strings(cur, count, what)
     return [_value(cur, etype, what, depth) for _ in range(count)]
+
+
+def _strings(cur: _Cursor, count: int, what: str) -> list[str]:
+    """`count` strings at the cursor: _Cursor.string's checks in one loop (a 128k-piece
+    vocabulary is read in ~0.1 s rather than ~1.5 s)."""
+    data, pos, end, length = cur.data, cur.pos, len(cur.data), struct.Struct("<Q").unpack_from
+    out = []
+    for _ in range(count):
+        if end - pos < 8:
+            raise GGUFError(f"{cur.path}: {what} length needs 8 bytes at offset {pos}, only {end - pos} left")
+        n = length(data, pos)[0]
+        pos += 8
+        if n > end - pos:
+            raise GGUFError(f"{cur.path}: {what} needs {n} bytes at offset {pos}, only {end - pos} left")
+        try:
+            out.append(str(data[pos : pos + n], "utf-8"))
+        except UnicodeDecodeError:
+            raise GGUFError(f"{cur.path}: {what} is not valid UTF-8") from None
+        pos += n
+    cur.pos = pos
+    return out
 
 
 class LazyArray:
